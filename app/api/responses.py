@@ -1,0 +1,43 @@
+"""Responses for pipeline answers.
+
+`SseResponse` drives a `StreamAnswer`: headers first, then each relayed event as
+it arrives; whatever happens (client gone, error), the answer's `aclose` runs, so
+its slot, ticket and upstream connection are always released.
+"""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from app.proxy.answer import JsonAnswer, StreamAnswer
+
+
+def json_response(answer: JsonAnswer) -> Response:
+    return Response(answer.body, answer.status, answer.headers, media_type=answer.content_type)
+
+
+class SseResponse(Response):
+    media_type = "text/event-stream"
+
+    def __init__(self, answer: StreamAnswer) -> None:
+        # Not Response.__init__: that would announce `content-length: 0`.
+        self.status_code = answer.status
+        self.background = None
+        self.raw_headers = [
+            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()),
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+        ]
+        self.answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code,
+                 "headers": self.raw_headers}
+            )
+            async for chunk in self.answer.body():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.answer.aclose()

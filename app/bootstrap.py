@@ -1,0 +1,49 @@
+"""From files and environment to a ready process: settings, runtime, logging.
+
+Shared by the CLI (`serve`, `check`) and `main.factory` (each `--workers` process),
+so every process validates the same way and fails with the same message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from app.config.sources import ConfigFiles, default_files, load_settings
+from app.log import setup_logging
+from app.runtime import Runtime, compile_runtime
+
+log = logging.getLogger("tokengate")
+
+
+def load_runtime(
+    files: ConfigFiles | None = None, *, no_auth: bool = False, workers: int = 1
+) -> Runtime:
+    files = files or default_files()
+    settings = load_settings(files)
+    return compile_runtime(
+        settings, os.environ, no_auth=no_auth, workers=workers,
+        source=f"{files.settings} / {files.config}",
+    )
+
+
+def secrets_of(runtime: Runtime) -> list[str]:
+    s = runtime.settings
+    found = [d.api_key.get_secret_value() for d in runtime.domains]
+    if s.admin_key is not None:
+        found.append(s.admin_key.get_secret_value())
+    if s.api_key is not None:
+        found.append(s.api_key.get_secret_value())
+    if s.redis.url is not None and "@" in s.redis.url.get_secret_value():
+        found.append(s.redis.url.get_secret_value())
+    return found
+
+
+def setup_process(runtime: Runtime) -> None:
+    setup_logging(runtime.settings.logging, secrets_of(runtime), runtime.source)
+    if not runtime.auth_enabled:
+        warning = ("AUTHENTICATION IS OFF (--no-auth): anyone who can reach this port can spend "
+                   "the upstream quota. Use only on a trusted network.")
+        log.warning(warning)
+        print(f"tokengate: WARNING: {warning}", file=sys.stderr)  # noqa: T201

@@ -1,0 +1,131 @@
+"""`tokengate serve | sim | check | keys new | config-reference`.
+
+argv -> config -> exit codes: 0 success, 1 a failed check or runtime failure, 2 bad
+configuration or usage (one message naming file, field and fix; never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from app.config.errors import ConfigError
+from app.config.sources import ConfigFiles, default_files
+
+
+def _files(args: argparse.Namespace) -> ConfigFiles:
+    base = default_files()
+    return ConfigFiles(
+        config=Path(args.config) if args.config else base.config,
+        settings=Path(args.settings) if args.settings else base.settings,
+    )
+
+
+def _add_files(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="config.toml (default: $TOKENGATE_CONFIG or config/config.toml)")
+    p.add_argument(
+        "--settings", help="settings.json (default: $TOKENGATE_SETTINGS or config/settings.json)"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokengate", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    _add_files(serve)
+    serve.add_argument("--host", default=os.environ.get("TOKENGATE_HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, default=int(os.environ.get("TOKENGATE_PORT", "8080")))
+    serve.add_argument(
+        "--workers", type=int, default=int(os.environ.get("TOKENGATE_WORKERS", "1"))
+    )
+    serve.add_argument(
+        "--no-auth", action="store_true", help="serve without gateway keys (trusted networks only)"
+    )
+
+    from app.sim.cli import add_arguments as add_sim_arguments
+
+    add_sim_arguments(sub.add_parser("sim", help="run the simulated OpenAI-compatible upstream"))
+
+    check = sub.add_parser("check", help="validate config and verify the chain end to end")
+    _add_files(check)
+    check.add_argument("--target", help="verify a running gateway at this URL instead")
+    check.add_argument("--key", help="gateway key for --target (default: $TOKENGATE_API_KEY)")
+
+    keys = sub.add_parser("keys", help="manage gateway keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    new = keys_sub.add_parser("new", help="mint a key and print its settings line")
+    new.add_argument("--alias", required=True)
+
+    sub.add_parser("config-reference", help="print the configuration reference (Markdown)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "sim":
+        from app.sim.cli import run as run_sim
+
+        return run_sim(args)
+    if args.command == "check":
+        from app.check import run_check
+
+        return run_check(_files(args), target=args.target, key=args.key)
+    if args.command == "keys":
+        from app.keys import new
+
+        print(new(args.alias))
+        return 0
+    if args.command == "config-reference":
+        from app.config.reference import render
+
+        print(render())
+        return 0
+    raise AssertionError(args.command)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from app.bootstrap import load_runtime
+
+    files = _files(args)
+    if args.workers < 1:
+        raise SystemExit("tokengate: --workers must be >= 1")
+    runtime = load_runtime(files, no_auth=args.no_auth, workers=args.workers)  # validate first
+    os.environ["TOKENGATE_CONFIG"] = str(files.config)
+    os.environ["TOKENGATE_SETTINGS"] = str(files.settings)
+    from app.server import run_server
+
+    if args.workers == 1:
+        return run_server(runtime, args.host, args.port)
+    os.environ["TOKENGATE_WORKERS"] = str(args.workers)
+    os.environ["TOKENGATE_NO_AUTH"] = "1" if args.no_auth else "0"
+    own_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    prom_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="tokengate-prom-")
+    for stale in Path(prom_dir).glob("*.db"):
+        stale.unlink()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
+    try:
+        return run_server(runtime, args.host, args.port, workers=args.workers)
+    finally:
+        if own_dir:
+            shutil.rmtree(prom_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""The README's configuration reference, generated from the declared models.
+
+Every field of `Settings` becomes a row: its dotted name, the environment variable
+that overrides it, its default and its description. `tests/unit/config` fails when
+the README's copy drifts from this output (`make docs` rewrites it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from app.config.schema import ScaleUpConfig, Settings
+
+BEGIN = "<!-- config-reference:begin -->"
+END = "<!-- config-reference:end -->"
+
+
+def _default(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        value: Any = field.default_factory()  # type: ignore[call-arg]
+        if isinstance(value, BaseModel):
+            return "(section)"
+    elif field.default is PydanticUndefined:
+        return "required"
+    else:
+        value = field.default
+    if value is None:
+        return "unset"
+    if hasattr(value, "get_secret_value"):
+        return "unset"
+    return f"`{json.dumps(value)}`"
+
+
+def _nested(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _rows(model: type[BaseModel], prefix: str, env_prefix: str) -> list[str]:
+    rows: list[str] = []
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        env = f"{env_prefix}{name.upper()}"
+        nested = _nested(field.annotation)
+        if nested is not None:
+            rows += _rows(nested, dotted + ".", env + "__")
+            continue
+        if dotted == "scale_up":
+            rows.append(f"| `scale_up` | `{env}` (JSON) | unset | {field.description} |")
+            rows += _rows(ScaleUpConfig, "scale_up[].", "")
+            continue
+        if dotted == "api_key":
+            env = "(not settable: `${VAR}` in settings.json)"
+        elif env_prefix == "":
+            env = "(per domain)"
+        else:
+            env = f"`{env}`"
+        desc = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{dotted}` | {env} | {_default(field)} | {desc} |")
+    return rows
+
+
+def render() -> str:
+    head = ["| field | environment variable | default | meaning |", "|---|---|---|---|"]
+    return "\n".join([*head, *_rows(Settings, "", "TOKENGATE_")])
+
+
+def splice(readme: str) -> str:
+    """README text with the reference block replaced by the current one."""
+    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
+    return readme[:start] + "\n" + render() + "\n" + readme[end:]

@@ -1,0 +1,375 @@
+"""Declared configuration: one typed model over both seed files.
+
+`config.toml` (cluster side) and `settings.json` (access side) are two views of one
+namespace: every section below may appear in either file, settings.json wins over
+config.toml, and `TOKENGATE_<SECTION>__<FIELD>` environment variables win over both.
+Every model forbids unknown keys so a typo is an error, not a silently ignored knob.
+Each `Field(description=...)` is also the README's configuration reference
+(`tokengate config-reference` renders it), so a description is written for operators.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Priority = Literal["high", "normal", "low"]
+PositiveInt = Annotated[int, Field(gt=0)]
+DomainName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterConfig(Section):
+    name: str = Field("tokengate", description="Cluster name, shown in `/admin/status`.")
+    scale_up_domain: DomainName = Field(
+        "default",
+        description="Domain id used when `[scale_up]` is a single table (one domain).",
+    )
+    node_count: int = Field(1, ge=1, description="Management nodes (informational).")
+    gpu_per_node: int = Field(8, ge=0, description="GPUs per node (informational).")
+    total_gpus: int = Field(8, ge=0, description="GPUs in the supernode (informational).")
+
+
+class TokenSchedulerConfig(Section):
+    api_base: str = Field(
+        "https://taotoken.net/api",
+        description="Default upstream base URL (OpenAI-compatible, without `/v1`) for domains "
+        "that set no `api_base`. `api_endpoint` in settings.json, when set, takes precedence.",
+    )
+    api_key_env: str = Field(
+        "TAOTOKEN_API_KEY",
+        description="Environment variable holding the default upstream key. Keys never live in files.",
+    )
+    timeout_ms: PositiveInt = Field(
+        30000,
+        description="Upstream read timeout per attempt (time between bytes) and total per attempt "
+        "for non-streaming calls; exhaustion answers 504.",
+    )
+    connect_timeout_ms: PositiveInt = Field(
+        5000, description="Upstream TCP/TLS connect timeout per attempt."
+    )
+    max_retries: int = Field(
+        3,
+        ge=0,
+        le=10,
+        description="Retries after the first attempt; used only when `retry_policy.max_attempts` "
+        "is unset (attempts = max_retries + 1).",
+    )
+    batch_size: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Most queued requests a domain releases upstream in one dispatch group. "
+        "Too large makes a group wait to fill: lower it (64 -> 16/32) when dispatch latency is high.",
+    )
+    batch_window_ms: float = Field(
+        2.0,
+        ge=0,
+        le=1000,
+        description="Longest a dispatch group waits to fill while the domain is busy; an idle "
+        "domain dispatches a lone request at once.",
+    )
+    queue_capacity: int = Field(
+        1024, ge=1, description="Queued requests per domain; past it new requests get 503."
+    )
+    max_queue_wait_ms: PositiveInt = Field(
+        30000, description="A request queued longer than this gets 503 with Retry-After."
+    )
+    max_inflight: PositiveInt = Field(
+        64,
+        description="Default limit of concurrent upstream requests per domain (a stream holds "
+        "its slot until it ends).",
+    )
+
+
+class ScaleUpConfig(Section):
+    domain: DomainName | None = Field(
+        None,
+        description="Domain id. Required in the `[[scale_up]]` array form; the single-table "
+        "form uses `cluster.scale_up_domain`.",
+    )
+    interconnect: str = Field("high-speed", description="Interconnect type (informational).")
+    latency_target_us: float | None = Field(
+        None, ge=0, description="Target GPU-to-GPU latency in microseconds (informational)."
+    )
+    memory_pool: str | None = Field(None, description="Memory pool kind (informational).")
+    api_base: str | None = Field(
+        None, description="This domain's upstream base URL; default `token_scheduler.api_base`."
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Environment variable with this domain's upstream key, so domains do not "
+        "share one quota; default `token_scheduler.api_key_env`.",
+    )
+    models: list[str] | None = Field(
+        None,
+        description="Models this domain serves; unset means discovered from the upstream's "
+        "`/v1/models` at start and on every health probe.",
+    )
+    max_inflight: PositiveInt | None = Field(
+        None, description="Concurrent upstream requests; default `token_scheduler.max_inflight`."
+    )
+    requests_per_minute: PositiveInt | None = Field(
+        None,
+        description="This domain's upstream key quota in requests/min: the gateway paces to "
+        "stay under it (queues, never rejects).",
+    )
+    tokens_per_minute: PositiveInt | None = Field(
+        None, description="This domain's upstream key quota in tokens/min, paced like requests."
+    )
+    quota_window_sec: float = Field(
+        60,
+        gt=0,
+        le=60,
+        description="Window over which the domain's quota is paced; a shorter one allows a "
+        "smaller burst (match the upstream's own limiter).",
+    )
+    weight: float = Field(
+        1.0, gt=0, description="Routing weight among domains serving the same model."
+    )
+    api_style: Literal["openai", "anthropic"] = Field(
+        "openai",
+        description="Upstream dialect; `anthropic` domains also accept `POST /v1/messages`.",
+    )
+
+
+class ScaleOutConfig(Section):
+    enabled: bool = Field(False, description="Scale-out network in use (informational).")
+    protocol: str = Field("rdma", description="Scale-out protocol (informational).")
+    fallback: str = Field("tcp", description="Scale-out fallback protocol (informational).")
+
+
+class LoggingConfig(Section):
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level."
+    )
+    output: str = Field(
+        "stderr",
+        description="`stdout`, `stderr` or a file path; the directory must exist and be writable.",
+    )
+    log_prompts: bool = Field(
+        False,
+        description="Debug only: include prompt text in request log lines. Off, prompts never "
+        "reach the log.",
+    )
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+
+class ModelRouteConfig(Section):
+    default: str | None = Field(
+        None, description="Model used when a request names none."
+    )
+    fallback: str | list[str] | None = Field(
+        None,
+        description="Model(s) tried, in order, when the requested model's attempts are "
+        "exhausted or no healthy domain serves it.",
+    )
+
+    def fallbacks(self) -> tuple[str, ...]:
+        if self.fallback is None:
+            return ()
+        return (self.fallback,) if isinstance(self.fallback, str) else tuple(self.fallback)
+
+
+class RateLimitConfig(Section):
+    tokens_per_minute: PositiveInt = Field(
+        120000, description="Default per-key token allowance per minute (prompt + completion)."
+    )
+    requests_per_minute: PositiveInt = Field(
+        600, description="Default per-key request allowance per minute."
+    )
+    default_max_tokens: PositiveInt = Field(
+        1024,
+        description="Completion tokens reserved at admission when a request sets no "
+        "`max_tokens`; corrected to real usage when the answer ends.",
+    )
+
+
+class RetryPolicyConfig(Section):
+    max_attempts: int | None = Field(
+        None,
+        ge=1,
+        le=10,
+        description="Upstream attempts per model (first try included). Wins over "
+        "`token_scheduler.max_retries`.",
+    )
+    backoff_ms: PositiveInt = Field(
+        500, description="Base of the exponential backoff (full jitter) between attempts."
+    )
+    max_backoff_ms: PositiveInt = Field(8000, description="Cap of one backoff wait.")
+    max_retry_after_ms: PositiveInt = Field(
+        20000,
+        description="Longest upstream `Retry-After` honoured; a longer one ends retrying at once.",
+    )
+    budget_ratio: float = Field(
+        0.2,
+        ge=0,
+        le=10,
+        description="Retry budget per domain: retries may add at most this fraction of the "
+        "requests seen in `budget_window_sec` (plus `budget_min_retries`).",
+    )
+    budget_window_sec: PositiveInt = Field(10, description="Sliding window of the retry budget.")
+    budget_min_retries: int = Field(
+        10, ge=0, description="Retries always allowed per window, so a quiet domain can retry."
+    )
+    client_retries: Literal["cooperate", "client"] = Field(
+        "cooperate",
+        description="`cooperate`: the gateway retries and tells SDKs not to repeat it "
+        "(`x-should-retry: false`); `client`: one gateway attempt, retries left to clients.",
+    )
+
+
+class HealthCheckConfig(Section):
+    enabled: bool = Field(True, description="Probe each domain in the background.")
+    interval_sec: float = Field(30, gt=0, description="Seconds between probes of a domain.")
+    endpoint: str = Field("/v1/models", description="Upstream path probed (GET, with the key).")
+    timeout_ms: PositiveInt = Field(5000, description="Timeout of one probe.")
+
+
+class BreakerConfig(Section):
+    failure_threshold: PositiveInt = Field(
+        5, description="Consecutive upstream failures that open a domain's circuit."
+    )
+    failure_rate: float = Field(
+        0.5, gt=0, le=1, description="Failure fraction over the window that opens the circuit."
+    )
+    window_sec: PositiveInt = Field(30, description="Window of the failure-rate rule.")
+    min_requests: PositiveInt = Field(
+        20, description="Requests in the window before the failure-rate rule applies."
+    )
+    open_sec: float = Field(
+        10, gt=0, description="Seconds a circuit stays open before a half-open probe."
+    )
+
+
+class KeyConfig(Section):
+    alias: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="Name of the key in metrics, logs and the ledger (never the secret).",
+    )
+    key_sha256: str | list[str] = Field(
+        description="SHA-256 hex of the key (`tokengate keys new`); a list during rotation.",
+    )
+    tokens_per_minute: PositiveInt | None = Field(None, description="Overrides the default.")
+    requests_per_minute: PositiveInt | None = Field(None, description="Overrides the default.")
+    priority: Priority = Field("normal", description="Queue class: high, normal or low.")
+    models: list[str] | None = Field(None, description="Models this key may use; unset = all.")
+    domain: DomainName | None = Field(None, description="Pin this key to one domain.")
+    expires_at: datetime | None = Field(
+        None, description="After this instant (ISO 8601, UTC if no zone) the key gets 401."
+    )
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | list[str]) -> str | list[str]:
+        for digest in [value] if isinstance(value, str) else value:
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("must be 64 lowercase hex characters (a SHA-256 digest)")
+        return value
+
+    def digests(self) -> tuple[str, ...]:
+        return (self.key_sha256,) if isinstance(self.key_sha256, str) else tuple(self.key_sha256)
+
+
+class RedisConfig(Section):
+    url: SecretStr | None = Field(
+        None,
+        description="Redis URL shared by replicas (`TOKENGATE_REDIS_URL`); unset keeps limits "
+        "and ledger in-process.",
+    )
+    fail_mode: Literal["open", "closed"] = Field(
+        "open",
+        description="Redis unreachable: `open` enforces limits per process until it returns, "
+        "`closed` answers 503.",
+    )
+    key_prefix: str = Field("tokengate:", description="Prefix of every Redis key.")
+    timeout_ms: PositiveInt = Field(250, description="Timeout of one Redis call.")
+
+
+class ServerConfig(Section):
+    max_body_bytes: PositiveInt = Field(
+        8 * 1024 * 1024, description="Largest request body accepted; larger gets 413."
+    )
+    drain_timeout_sec: float = Field(
+        30, ge=0, description="On SIGTERM, how long in-flight and queued work may finish."
+    )
+    drain_delay_sec: float = Field(
+        0,
+        ge=0,
+        le=60,
+        description="On SIGTERM, seconds to keep serving with readiness at 503 before "
+        "closing the listener (lets a load balancer stop sending first).",
+    )
+    upstream_client: Literal["aiohttp", "httpx"] = Field(
+        "aiohttp", description="Upstream HTTP client implementation (aiohttp measured fastest)."
+    )
+
+
+class LedgerConfig(Section):
+    path: str = Field(
+        "var/ledger.sqlite3",
+        description="SQLite file of the usage ledger (without Redis); its directory is created.",
+    )
+    flush_interval_sec: float = Field(
+        1.0, gt=0, description="How often the in-process ledger is written to SQLite."
+    )
+
+
+class Settings(BaseSettings):
+    """The whole configuration. Paths are bound by `app.config.sources.load_settings`."""
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        env_prefix="TOKENGATE_",
+        env_nested_delimiter="__",
+        case_sensitive=False,
+    )
+
+    # config.toml (seed)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    token_scheduler: TokenSchedulerConfig = Field(default_factory=TokenSchedulerConfig)
+    scale_up: ScaleUpConfig | list[ScaleUpConfig] | None = Field(
+        None, description="One Scale-up domain (table) or several (`[[scale_up]]` array)."
+    )
+    scale_out: ScaleOutConfig = Field(default_factory=ScaleOutConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    # settings.json (seed)
+    api_endpoint: str | None = Field(
+        None, description="Upstream base URL; wins over `token_scheduler.api_base`."
+    )
+    api_key: SecretStr | None = Field(
+        None,
+        description="Default upstream key, normally `${TAOTOKEN_API_KEY}` expanded from the "
+        "environment. Not settable as TOKENGATE_API_KEY (that name is the client key of "
+        "`tokengate check`).",
+    )
+    model_route: ModelRouteConfig = Field(default_factory=ModelRouteConfig)
+    rate_limit: RateLimitConfig = Field(default_factory=RateLimitConfig)
+    retry_policy: RetryPolicyConfig = Field(default_factory=RetryPolicyConfig)
+    health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
+
+    # added by tokengate
+    keys: list[KeyConfig] = Field(default_factory=list, description="Gateway client keys.")
+    admin_key: SecretStr | None = Field(
+        None, description="Key guarding `/admin/*` (`TOKENGATE_ADMIN_KEY`); unset disables them."
+    )
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="Client-facing model names mapped to upstream ids, applied before routing.",
+    )
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)

@@ -1,0 +1,212 @@
+"""Per-domain dispatcher: releases queued requests upstream in groups.
+
+    request ──► acquire() ──idle domain──────────────────────────────► slot (at once)
+                   │
+                   └─busy──► DomainQueue ──► _run(): up to batch_size per group,
+                                             waiting ≤ batch_window_ms to fill it,
+                                             never past max_inflight, paced to the
+                                             upstream quota ──► slot
+
+A slot is held until the answer ends (a stream holds it to its last byte) and its
+release wakes the loop. The dispatcher never calls the upstream itself: it grants
+slots, and each request makes its own call in its own (ASGI) task, so a client
+disconnect cancels exactly its own work. The loop task is the only task created here,
+started and stopped by the gateway's lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from app.dispatch.job import Job
+from app.dispatch.queue import DomainQueue
+from app.errors import ServiceUnavailable
+from app.limits.pacing import Pacer
+from app.metrics import Metrics
+
+
+class Slot:
+    __slots__ = ("_owner", "released")
+
+    def __init__(self, owner: Dispatcher) -> None:
+        self._owner = owner
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._owner._release()
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        domain: str,
+        *,
+        batch_size: int,
+        batch_window_ms: float,
+        queue_capacity: int,
+        max_queue_wait_ms: int,
+        max_inflight: int,
+        pacer: Pacer,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.domain = domain
+        self.batch_size = batch_size
+        self.window = batch_window_ms / 1000
+        self.max_wait = max_queue_wait_ms / 1000
+        self.max_inflight = max_inflight
+        self.queue = DomainQueue(queue_capacity)
+        self.pacer = pacer
+        self.metrics = metrics
+        self.clock = clock
+        self.inflight = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._drain = _DrainRate(clock)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"dispatch:{self.domain}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    @property
+    def idle(self) -> bool:
+        return self.inflight == 0 and len(self.queue) == 0
+
+    # -- requests' side -----------------------------------------------------------------
+    async def acquire(self, key: str, priority: str, cost: int) -> Slot:
+        if self.inflight == 0 and len(self.queue) == 0 and self.pacer.ready(cost):
+            # An idle domain dispatches a lone request at once.
+            if self.pacer.enabled:
+                await self.pacer.acquire(cost)
+            self._take()
+            self.metrics.record_batch(self.domain, 1)
+            self.metrics.record_queue_wait(self.domain, 0.0)
+            return Slot(self)
+        return await self._wait_in_queue(Job(key, priority, cost, self.clock()))
+
+    async def _wait_in_queue(self, job: Job) -> Slot:
+        if not self.queue.push(job):
+            raise ServiceUnavailable(
+                f"domain {self.domain!r} queue is full ({self.queue.capacity} waiting); "
+                "retry after the advertised delay",
+                code="queue_full",
+                retry_after=self.drain_estimate(),
+                should_retry=True,
+            )
+        self._wake.set()
+        self.metrics.set_queue_depth(self.domain, len(self.queue))
+        try:
+            await asyncio.wait_for(job.granted, self.max_wait)
+        except TimeoutError:
+            self._forget(job)
+            if _was_granted(job):
+                return Slot(self)
+            raise ServiceUnavailable(
+                f"request waited longer than max_queue_wait_ms ({int(self.max_wait * 1000)} ms) "
+                f"in domain {self.domain!r}'s queue",
+                code="queue_timeout",
+                retry_after=self.drain_estimate(),
+                should_retry=True,
+            ) from None
+        except asyncio.CancelledError:
+            self._forget(job)
+            if _was_granted(job):
+                self._release()
+            raise
+        self.metrics.record_queue_wait(self.domain, self.clock() - job.enqueued_at)
+        return Slot(self)
+
+    def _forget(self, job: Job) -> None:
+        self.queue.cancel(job)
+        self.metrics.set_queue_depth(self.domain, len(self.queue))
+
+    def drain_estimate(self) -> float:
+        """Seconds until the queue ahead of a newcomer drains, from the observed rate."""
+        rate = self._drain.rate()
+        ahead = len(self.queue) + 1
+        return min(60.0, max(0.05, ahead / rate if rate > 0 else 1.0))
+
+    def _take(self) -> None:
+        self.inflight += 1
+        self.metrics.set_inflight(self.domain, self.inflight)
+
+    def _release(self) -> None:
+        self.inflight -= 1
+        self._drain.tick()
+        self.metrics.set_inflight(self.domain, self.inflight)
+        if len(self.queue):
+            self._wake.set()
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            if not len(self.queue) or self.inflight >= self.max_inflight:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self.inflight > 0 and len(self.queue) < self.batch_size and self.window > 0:
+                await asyncio.sleep(self.window)  # the domain is busy: let the group fill
+            released = await self._release_group()
+            if released:
+                self.metrics.record_batch(self.domain, released)
+            self.metrics.set_queue_depth(self.domain, len(self.queue))
+            await asyncio.sleep(0)  # let the group's requests start before the next group
+
+    async def _release_group(self) -> int:
+        released = 0
+        while released < self.batch_size and self.inflight < self.max_inflight:
+            job = self.queue.pop()
+            if job is None:
+                break
+            if self.pacer.enabled:
+                await self.pacer.acquire(job.cost)
+            if job.grant():
+                self._take()
+                released += 1
+        return released
+
+
+def _was_granted(job: Job) -> bool:
+    return job.granted.done() and not job.granted.cancelled()
+
+
+class _DrainRate:
+    """Releases per second over the last few seconds (for Retry-After estimates)."""
+
+    def __init__(self, clock: Callable[[], float], span: float = 5.0) -> None:
+        self.clock = clock
+        self.span = span
+        self._count = 0
+        self._since = clock()
+        self._last_rate = 0.0
+
+    def tick(self) -> None:
+        self._count += 1
+        self._roll()
+
+    def _roll(self) -> None:
+        now = self.clock()
+        elapsed = now - self._since
+        if elapsed >= self.span:
+            self._last_rate = self._count / elapsed
+            self._count = 0
+            self._since = now
+
+    def rate(self) -> float:
+        self._roll()
+        elapsed = self.clock() - self._since
+        current = self._count / elapsed if elapsed > 0.5 else 0.0
+        return max(current, self._last_rate)

@@ -1,0 +1,90 @@
+"""One Scale-up domain at run time: its upstream client, dispatcher and health.
+
+Health has three inputs: the background probe (`healthy`: True/False, None before the
+first answer or with probes disabled), the circuit breaker (opened by live traffic),
+and discovered models. `available()` is what routing and `/health/ready` use.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from app.dispatch.dispatcher import Dispatcher
+from app.runtime import DomainSpec
+from app.upstream.breaker import Breaker
+from app.upstream.budget import RetryBudget
+from app.upstream.client import UpstreamClient
+
+_EWMA = 0.2
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    at: float
+    detail: str = ""
+    status: int | None = None
+
+
+@dataclass
+class Domain:
+    spec: DomainSpec
+    client: UpstreamClient
+    dispatcher: Dispatcher
+    breaker: Breaker
+    budget: RetryBudget
+    healthy: bool | None = None
+    discovered: frozenset[str] | None = None
+    latency: float = 0.05
+    last_probe: ProbeResult | None = None
+    upstream_models: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def models(self) -> frozenset[str] | None:
+        return self.spec.models if self.spec.models is not None else self.discovered
+
+    def serves(self, model: str) -> bool:
+        models = self.models()
+        return models is None or model in models
+
+    def available(self) -> bool:
+        return self.healthy is not False and not self.breaker.is_open
+
+    def expected_wait(self) -> float:
+        outstanding = self.dispatcher.inflight + len(self.dispatcher.queue)
+        return (outstanding + 1) * self.latency / self.spec.weight
+
+    def observe_latency(self, seconds: float) -> None:
+        self.latency += _EWMA * (seconds - self.latency)
+
+    def state(self) -> str:
+        if self.breaker.is_open:
+            return "circuit_open"
+        if self.healthy is False:
+            return "unhealthy"
+        return "healthy" if self.healthy else "unknown"
+
+    def status(self) -> dict[str, object]:
+        probe = self.last_probe
+        models = self.models()
+        return {
+            "state": self.state(),
+            "breaker": self.breaker.state if not self.breaker.is_open else "open",
+            "api_base": self.spec.api_base,
+            "models": sorted(models) if models is not None else None,
+            "queue_depth": len(self.dispatcher.queue),
+            "inflight": self.dispatcher.inflight,
+            "max_inflight": self.dispatcher.max_inflight,
+            "last_probe": None
+            if probe is None
+            else {
+                "ok": probe.ok,
+                "age_sec": round(time.monotonic() - probe.at, 1),
+                "status": probe.status,
+                "detail": probe.detail,
+            },
+        }

@@ -1,0 +1,151 @@
+"""The gateway's one error tree.
+
+    GatewayError                  status  type / code
+    ├── InvalidRequest            400     invalid_request_error
+    ├── AuthenticationFailed      401     authentication_error / invalid_api_key
+    ├── PermissionDenied          403     permission_error / model_not_allowed
+    ├── NotFound                  404     invalid_request_error / not_found
+    │   └── ModelNotFound         404     invalid_request_error / model_not_found
+    ├── PayloadTooLarge           413     invalid_request_error / request_too_large
+    ├── RateLimited               429     rate_limit_error / rate_limit_exceeded
+    ├── ServiceUnavailable        503     service_unavailable / (queue_full, queue_timeout,
+    │                                      no_healthy_domain, draining, redis_unavailable)
+    ├── UpstreamFailed            502     upstream_error / upstream_error
+    ├── UpstreamTimeout           504     timeout_error / upstream_timeout
+    ├── UpstreamRejected          4xx     the upstream's own 4xx, relayed (body scrubbed)
+    └── InternalError             500     server_error (generic, never any detail)
+
+Each knows its HTTP status, its OpenAI `type`/`code`, whether an SDK retry can help
+(`should_retry`) and its `retry_after`. `app.api.errors` is the only renderer. Only
+messages written here reach clients; anything else becomes `InternalError`.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+        should_retry: bool | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+        self.should_retry = should_retry
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response_headers(self) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.retry_after is not None:
+            wait = max(0.0, self.retry_after)
+            # Integer seconds for RFC 9110 readers, exact milliseconds for the OpenAI SDKs,
+            # which read retry-after-ms first. Capped at 60 s: the SDK ignores longer waits.
+            headers["retry-after"] = str(min(60, max(1, math.ceil(wait))))
+            headers["retry-after-ms"] = str(min(60000, max(1, math.ceil(wait * 1000))))
+        if self.should_retry is not None:
+            headers["x-should-retry"] = "true" if self.should_retry else "false"
+        return headers
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "service_unavailable"
+
+
+class UpstreamFailed(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "timeout_error"
+    code = "upstream_timeout"
+
+
+class UpstreamRejected(GatewayError):
+    """An upstream 4xx that is the client's fault (bad parameter...): relayed as it came."""
+
+    type = "invalid_request_error"
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__("upstream rejected the request", should_retry=False)
+        self.status = status
+        self.raw_body = body
+        self.content_type = content_type
+
+
+class InternalError(GatewayError):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    def __init__(self, message: str = "internal error; see the gateway log") -> None:
+        super().__init__(message)

@@ -1,0 +1,248 @@
+"""The lifecycle owner: builds, starts, drains and closes everything.
+
+    Gateway.start()                      Gateway.close()
+      store.start (SQLite / Redis ping)    readiness -> 503 (draining)
+      first health probe of each domain    wait for queued + in-flight work (drain timeout)
+      dispatcher loop per domain           stop loops, await spawned settle tasks
+      health loop per domain               flush ledger, close store and upstream clients
+      housekeeping loop (1 s)
+
+Every task the gateway runs is created here (or by a dispatcher it owns) and awaited
+on close; `spawn` is how other code hands over work that must outlive a cancelled
+request (settling a reservation after the client left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from app.auth import KeyIndex
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.domain import Domain
+from app.limits.admission import Admission
+from app.limits.ledger import LocalLedger
+from app.limits.pacing import Pacer
+from app.limits.redis_store import RedisStore
+from app.limits.store import LimitStore, MemoryStore
+from app.metrics import Metrics
+from app.proxy.pipeline import Proxy
+from app.runtime import DomainSpec, KeySpec, Runtime
+from app.upstream.breaker import Breaker
+from app.upstream.budget import RetryBudget
+from app.upstream.client import Timeouts, Transport, UpstreamClient, make_transport
+from app.upstream.health import probe
+
+log = logging.getLogger("tokengate.gateway")
+TransportFactory = Callable[[DomainSpec], Transport]
+
+
+class Gateway:
+    def __init__(
+        self,
+        runtime: Runtime,
+        metrics: Metrics,
+        *,
+        transport_factory: TransportFactory | None = None,
+        store: LimitStore | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        s = runtime.settings
+        self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
+        self._transport_factory = transport_factory or self._default_transport
+        self.domains = [self._build_domain(spec) for spec in runtime.domains]
+        self.store = store or self._build_store()
+        shared = isinstance(self.store, RedisStore)
+        self.admission = Admission(
+            self.store, metrics, divisor=1 if shared else max(1, runtime.workers)
+        )
+        self.proxy = Proxy(runtime, self.domains, self.admission, metrics, self.spawn)
+        self.draining = False
+        self.started_at = time.time()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        metrics.add_models(self._configured_models())
+
+    # -- construction -------------------------------------------------------------
+    def _default_transport(self, spec: DomainSpec) -> Transport:
+        sched = self.runtime.settings.token_scheduler
+        timeouts = Timeouts(connect=sched.connect_timeout_ms / 1000, read=sched.timeout_ms / 1000)
+        kind = self.runtime.settings.server.upstream_client
+        return make_transport(kind, timeouts, sched.timeout_ms / 1000, spec.max_inflight + 8)
+
+    def _build_domain(self, spec: DomainSpec) -> Domain:
+        s = self.runtime.settings
+        sched, policy = s.token_scheduler, s.retry_policy
+        dispatcher = Dispatcher(
+            spec.name,
+            batch_size=sched.batch_size,
+            batch_window_ms=sched.batch_window_ms,
+            queue_capacity=sched.queue_capacity,
+            max_queue_wait_ms=sched.max_queue_wait_ms,
+            max_inflight=spec.max_inflight,
+            pacer=Pacer(spec.requests_per_minute, spec.tokens_per_minute, spec.quota_window_sec),
+            metrics=self.metrics,
+        )
+        return Domain(
+            spec=spec,
+            client=UpstreamClient(spec, self._transport_factory(spec)),
+            dispatcher=dispatcher,
+            breaker=Breaker(s.breaker),
+            budget=RetryBudget(
+                policy.budget_ratio, policy.budget_window_sec, policy.budget_min_retries
+            ),
+        )
+
+    def _build_store(self) -> LimitStore:
+        s = self.runtime.settings
+        if s.redis.url is not None:
+            return RedisStore(
+                s.redis.url.get_secret_value(),
+                fail_mode=s.redis.fail_mode,
+                prefix=s.redis.key_prefix,
+                timeout_ms=s.redis.timeout_ms,
+                on_state=self.metrics.set_redis_up,
+            )
+        return MemoryStore(LocalLedger(Path(s.ledger.path), s.ledger.flush_interval_sec))
+
+    def _configured_models(self) -> set[str]:
+        s = self.runtime.settings
+        models = {m for d in self.runtime.domains for m in (d.models or ())}
+        models |= set(s.model_aliases) | set(s.model_aliases.values())
+        models |= set(self.runtime.fallbacks)
+        if s.model_route.default:
+            models.add(s.model_route.default)
+        return models
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.store.start()
+        self._describe_limits()
+        if self.runtime.settings.health_check.enabled:
+            await asyncio.gather(*(self._probe(d) for d in self.domains))
+        for domain in self.domains:
+            domain.dispatcher.start()
+            if self.runtime.settings.health_check.enabled:
+                self._loops.append(asyncio.create_task(self._health_loop(domain)))
+        self._loops.append(asyncio.create_task(self._housekeeping()))
+        self._sync_gauges()
+
+    def _describe_limits(self) -> None:
+        if isinstance(self.store, RedisStore):
+            mode = "shared through Redis by every replica and worker"
+        elif self.admission.divisor > 1:
+            mode = (f"split per worker: each of {self.admission.divisor} workers enforces "
+                    f"1/{self.admission.divisor} of every limit (set TOKENGATE_REDIS_URL to share)")
+        else:
+            mode = "in-process"
+        log.info("per-key limits: %s", mode)
+
+    def begin_drain(self) -> None:
+        if not self.draining:
+            self.draining = True
+            log.info("draining: readiness now 503; finishing queued and in-flight work")
+
+    async def close(self) -> None:
+        self.begin_drain()
+        deadline = time.monotonic() + self.runtime.settings.server.drain_timeout_sec
+        while time.monotonic() < deadline and not all(d.dispatcher.idle for d in self.domains):
+            await asyncio.sleep(0.05)
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        for domain in self.domains:
+            await domain.dispatcher.stop()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        with contextlib.suppress(Exception):
+            await self.store.close()
+        for domain in self.domains:
+            await domain.client.close()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed: %r", task.exception())
+
+    # -- background loops --------------------------------------------------------------------
+    async def _probe(self, domain: Domain) -> None:
+        hc = self.runtime.settings.health_check
+        try:
+            async with asyncio.timeout(hc.timeout_ms / 1000):
+                result = await probe(domain, hc.endpoint, f"probe-{uuid.uuid4().hex[:12]}")
+        except TimeoutError:
+            domain.healthy = False
+            log.warning("health probe of domain %s timed out", domain.name)
+            return
+        if not result.ok:
+            log.warning("health probe of domain %s failed: %s", domain.name, result.detail)
+        if domain.discovered:
+            self.metrics.add_models(domain.discovered)
+        self._sync_gauges()
+
+    async def _health_loop(self, domain: Domain) -> None:
+        interval = self.runtime.settings.health_check.interval_sec
+        while True:
+            await asyncio.sleep(interval)
+            await self._probe(domain)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._sync_gauges()
+            if isinstance(self.store, RedisStore) and not self.store.up:
+                await self.store.probe()
+            if isinstance(self.store, MemoryStore):
+                try:
+                    await self.store.ledger.flush()
+                except Exception as exc:
+                    log.error("ledger flush failed (kept for the next flush): %r", exc)
+
+    def _sync_gauges(self) -> None:
+        for d in self.domains:
+            self.metrics.set_domain_state(d.name, d.healthy is not False, d.breaker.is_open)
+            self.metrics.set_queue_depth(d.name, len(d.dispatcher.queue))
+            self.metrics.set_inflight(d.name, d.dispatcher.inflight)
+
+    # -- views -----------------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        domains = {d.name: d.status() for d in self.domains}
+        ready = not self.draining and any(d.available() for d in self.domains)
+        body: dict[str, object] = {
+            "status": "ready" if ready else ("draining" if self.draining else "unavailable"),
+            "domains": domains,
+        }
+        if isinstance(self.store, RedisStore):
+            body["redis"] = {"up": self.store.up, "fail_mode": self.store.fail_mode}
+            if not self.store.up and self.store.fail_mode == "closed":
+                ready = False
+                body["status"] = "unavailable"
+        return ready, body
+
+    def models(self) -> list[str]:
+        seen: set[str] = set()
+        for d in self.domains:
+            seen |= set(d.models() or ())
+        seen |= set(self.runtime.settings.model_aliases)
+        return sorted(seen)
+
+
+def _anonymous(settings: Any) -> KeySpec:
+    return KeySpec(
+        alias="anonymous",
+        digests=(),
+        tokens_per_minute=settings.rate_limit.tokens_per_minute,
+        requests_per_minute=settings.rate_limit.requests_per_minute,
+    )

@@ -1,0 +1,120 @@
+"""Per-key admission: reserve at the door, settle when the answer ends.
+
+A request reserves 1 request and `prompt estimate + max_tokens` (or
+`rate_limit.default_max_tokens`) tokens. Refused -> 429 at once, nothing used.
+When the answer ends (success, error or client disconnect) `settle` moves the token
+reservation to what the upstream reported (or, for an interrupted stream, what was
+streamed), and writes the ledger entry in the same store call.
+
+Without Redis and with `--workers N`, each worker enforces 1/N of every limit, so
+the total never silently becomes N times the configured one (logged at start).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from app.errors import RateLimited
+from app.limits.bucket import Decision, Limits
+from app.limits.ledger import UsageEntry
+from app.limits.store import LimitStore
+from app.metrics import Metrics
+from app.runtime import KeySpec
+
+
+@dataclass
+class Ticket:
+    key: str
+    limits: Limits
+    reserved: int
+    decision: Decision
+    settled: bool = False
+
+    def headers(self) -> dict[str, str]:
+        return ratelimit_headers(self.decision)
+
+
+@dataclass
+class Admission:
+    store: LimitStore
+    metrics: Metrics
+    divisor: int = 1
+    overrides: dict[str, Limits] = field(default_factory=dict)
+
+    def limits_for(self, key: KeySpec) -> Limits:
+        base = self.overrides.get(key.alias) or Limits(
+            key.requests_per_minute, key.tokens_per_minute
+        )
+        if self.divisor == 1:
+            return base
+        return Limits(
+            max(1, base.requests_per_minute // self.divisor),
+            max(1, base.tokens_per_minute // self.divisor),
+        )
+
+    async def admit(self, key: KeySpec, cost: int) -> Ticket:
+        limits = self.limits_for(key)
+        decision = await self.store.reserve(key.alias, limits, cost)
+        if decision.allowed:
+            return Ticket(key.alias, limits, cost, decision)
+        limit = decision.limit or "tokens"
+        self.metrics.record_rate_limited(key.alias, limit)
+        raise _refusal(decision, limit, cost, limits)
+
+    async def settle(self, ticket: Ticket, entry: UsageEntry, *, dispatched: bool = True) -> None:
+        """Correct the reservation; `dispatched=False` refunds the request entirely."""
+        if ticket.settled:
+            return
+        ticket.settled = True
+        used = entry.prompt_tokens + entry.completion_tokens
+        used += entry.failed_prompt_tokens + entry.failed_completion_tokens
+        token_delta = (used if dispatched else 0) - ticket.reserved
+        await self.store.settle(
+            ticket.key, ticket.limits, token_delta, 0 if dispatched else -1, entry
+        )
+
+
+def _refusal(decision: Decision, limit: str, cost: int, limits: Limits) -> RateLimited:
+    headers = ratelimit_headers(decision)
+    if decision.too_large:
+        return RateLimited(
+            f"This request needs about {cost} tokens (prompt estimate + max_tokens), more than "
+            f"this key's whole allowance of {limits.tokens_per_minute} tokens per minute; "
+            "lower max_tokens or shorten the prompt, or ask for a higher limit.",
+            param="max_tokens",
+            retry_after=60.0,
+            should_retry=False,
+            headers=headers,
+        )
+    per = limits.requests_per_minute if limit == "requests" else limits.tokens_per_minute
+    return RateLimited(
+        f"Rate limit reached for {limit} per minute (limit {per}); "
+        f"retry in {decision.retry_after:.2f}s.",
+        retry_after=decision.retry_after,
+        should_retry=decision.retry_after <= 20,
+        headers=headers,
+    )
+
+
+def ratelimit_headers(d: Decision) -> dict[str, str]:
+    return {
+        "x-ratelimit-limit-requests": str(d.requests_limit),
+        "x-ratelimit-remaining-requests": str(d.requests_remaining),
+        "x-ratelimit-reset-requests": duration(d.requests_reset),
+        "x-ratelimit-limit-tokens": str(d.tokens_limit),
+        "x-ratelimit-remaining-tokens": str(d.tokens_remaining),
+        "x-ratelimit-reset-tokens": duration(d.tokens_reset),
+    }
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: `20ms`, `1.5s`, `6m0s`."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        return "0s"
+    ms = math.ceil(seconds * 1000)
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, rest = divmod(ms, 60000)
+    secs = f"{rest / 1000:g}s"
+    return f"{minutes}m{secs}" if minutes else secs

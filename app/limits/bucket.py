@@ -1,0 +1,105 @@
+"""Token-bucket arithmetic, pure and clock-injected.
+
+A bucket holds one minute's allowance (`capacity`) and refills continuously at
+`capacity / 60` per second. A request is admitted only if *every* bucket it draws
+from has enough, and then all are debited together, so a refused request uses up
+nothing. Settling may push a bucket below zero (the answer used more than was
+reserved): the debt is repaid by refill before the next admission, bounded at one
+capacity so a single bad estimate cannot lock a key out for longer than a minute.
+
+The same rules are implemented in `token_bucket.lua` for Redis; the unit tests run
+the same table of cases against both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+WINDOW_SEC = 60.0
+
+
+@dataclass
+class Bucket:
+    capacity: float
+    level: float
+    stamp: float
+
+    @classmethod
+    def full(cls, capacity: float, now: float) -> Bucket:
+        return cls(capacity=capacity, level=capacity, stamp=now)
+
+    @property
+    def rate(self) -> float:
+        return self.capacity / WINDOW_SEC
+
+    def refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = max(self.stamp, now)
+
+    def wait_for(self, amount: float) -> float:
+        """Seconds until `amount` fits (inf if it never can); call after `refill`."""
+        if amount > self.capacity:
+            return math.inf
+        missing = amount - self.level
+        return 0.0 if missing <= 0 else missing / self.rate
+
+    def until_full(self) -> float:
+        return max(0.0, (self.capacity - self.level) / self.rate)
+
+    def resize(self, capacity: float) -> None:
+        """Apply a new limit live, keeping the fraction already used."""
+        if capacity != self.capacity and self.capacity > 0:
+            self.level = self.level * capacity / self.capacity
+        self.capacity = capacity
+
+    def debit(self, amount: float) -> None:
+        self.level = min(self.capacity, max(-self.capacity, self.level - amount))
+
+
+@dataclass(frozen=True)
+class Limits:
+    requests_per_minute: int
+    tokens_per_minute: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Outcome of one admission, with what OpenAI's x-ratelimit-* headers report."""
+
+    allowed: bool
+    limit: str | None  # which limit refused: "requests" | "tokens"
+    retry_after: float
+    requests_limit: int
+    requests_remaining: int
+    requests_reset: float
+    tokens_limit: int
+    tokens_remaining: int
+    tokens_reset: float
+    too_large: bool = False  # the request can never fit: more tokens than a minute's allowance
+
+
+def decide(requests: Bucket, tokens: Bucket, cost: int, now: float) -> Decision:
+    """Admit `1 request + cost tokens` from both buckets, or neither."""
+    requests.refill(now)
+    tokens.refill(now)
+    wait_r = requests.wait_for(1)
+    wait_t = tokens.wait_for(cost)
+    allowed = wait_r == 0 and wait_t == 0
+    if allowed:
+        requests.debit(1)
+        tokens.debit(cost)
+    limit = None if allowed else ("requests" if wait_r >= wait_t else "tokens")
+    return Decision(
+        allowed=allowed,
+        limit=limit,
+        retry_after=0.0 if allowed else max(wait_r, wait_t),
+        requests_limit=int(requests.capacity),
+        requests_remaining=max(0, math.floor(requests.level)),
+        requests_reset=requests.until_full(),
+        tokens_limit=int(tokens.capacity),
+        tokens_remaining=max(0, math.floor(tokens.level)),
+        tokens_reset=tokens.until_full(),
+        too_large=math.isinf(wait_t),
+    )

@@ -1,0 +1,214 @@
+"""Limits and ledger shared by every replica through Redis.
+
+One round trip per admission and one per settle: both are a single EVALSHA of
+`token_bucket.lua` (loaded once; redis-py's `Script` re-sends it after a Redis
+restart flushed the script cache). The ledger lives in Redis hashes, updated by the
+same settle call.
+
+Redis unreachable: the store marks itself down (metric `tokengate_redis_up 0`, one
+warning line, `/health/ready` says so) and, per `redis.fail_mode`:
+- `open`: admissions use this process's own buckets and ledger entries are kept
+  locally, replayed into Redis when it answers again;
+- `closed`: admissions fail with 503 `redis_unavailable`.
+Every call after `_RETRY_SEC` tries Redis again, and the gateway's probe loop pings
+it, so recovery needs no restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from app.errors import ServiceUnavailable
+from app.limits.bucket import Decision, Limits
+from app.limits.ledger import COUNTERS, LedgerRow, LocalLedger, UsageEntry
+from app.limits.store import MemoryBuckets
+
+log = logging.getLogger("tokengate.redis")
+_RETRY_SEC = 1.0
+_LIMIT_NAMES = {0: None, 1: "requests", 2: "tokens"}
+
+
+class RedisStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        fail_mode: str = "open",
+        prefix: str = "tokengate:",
+        timeout_ms: int = 250,
+        on_state: Any = None,
+    ) -> None:
+        timeout = timeout_ms / 1000
+        self._client = aioredis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=True
+        )
+        self._script = self._client.register_script(
+            resources.files("app.limits").joinpath("token_bucket.lua").read_text("utf-8")
+        )
+        self.fail_mode = fail_mode
+        self.prefix = prefix
+        self.up = True
+        self._down_since = 0.0
+        self._local = MemoryBuckets()
+        self._backlog = LocalLedger(path=None)
+        self._on_state = on_state
+
+    # -- lifecycle --------------------------------------------------------------
+    async def start(self) -> None:
+        await self.probe()
+
+    async def close(self) -> None:
+        await self.probe()
+        await self._client.aclose()
+
+    async def probe(self) -> bool:
+        try:
+            await self._client.ping()
+        except (RedisError, OSError) as exc:
+            self._mark_down(exc)
+            return False
+        await self._mark_up()
+        return True
+
+    def _mark_down(self, exc: BaseException) -> None:
+        if self.up:
+            log.warning(
+                "redis unreachable (%s); fail mode %s: %s",
+                type(exc).__name__,
+                self.fail_mode,
+                "limits enforced per process until it returns"
+                if self.fail_mode == "open"
+                else "requests refused with 503 until it returns",
+            )
+        self.up = False
+        self._down_since = time.monotonic()
+        if self._on_state is not None:
+            self._on_state(False)
+
+    async def _mark_up(self) -> None:
+        was_down = not self.up
+        self.up = True
+        if self._on_state is not None:
+            self._on_state(True)
+        if was_down:
+            log.warning("redis reachable again; shared limits restored")
+            await self._replay()
+
+    async def _replay(self) -> None:
+        for row in self._backlog.drain_pending():
+            entry = UsageEntry(row.key, row.model)
+            values = [getattr(row, c) for c in COUNTERS]
+            try:
+                await self._call(
+                    self._settle_keys(row.key, entry)[2:],
+                    ["ledger", *self._ledger_args(entry, values)],
+                )
+            except (RedisError, OSError) as exc:
+                self._backlog._merge(row)
+                self._mark_down(exc)
+                return
+
+    # -- keys ---------------------------------------------------------------------
+    def _bucket_keys(self, key: str) -> list[str]:
+        return [f"{self.prefix}rl:{{{key}}}:requests", f"{self.prefix}rl:{{{key}}}:tokens"]
+
+    def _settle_keys(self, key: str, entry: UsageEntry) -> list[str]:
+        member = f"{entry.key}\t{entry.model}"
+        return [
+            *self._bucket_keys(key),
+            f"{self.prefix}ledger:{member}",
+            f"{self.prefix}ledger-index",
+        ]
+
+    @staticmethod
+    def _ledger_args(entry: UsageEntry, values: list[int]) -> list[Any]:
+        return [f"{entry.key}\t{entry.model}", *values]
+
+    async def _call(self, keys: list[str], args: list[Any]) -> Any:
+        return await self._script(keys=keys, args=args)
+
+    def _available(self) -> bool:
+        return self.up or time.monotonic() - self._down_since >= _RETRY_SEC
+
+    # -- store interface --------------------------------------------------------------
+    async def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
+        if self._available():
+            try:
+                raw = await self._call(
+                    self._bucket_keys(key),
+                    ["reserve", limits.requests_per_minute, limits.tokens_per_minute, cost],
+                )
+            except (RedisError, OSError) as exc:
+                self._mark_down(exc)
+            else:
+                if not self.up:
+                    await self._mark_up()
+                return _decision(raw, limits)
+        if self.fail_mode == "closed":
+            raise ServiceUnavailable(
+                "shared rate-limit store (Redis) is unreachable; retry shortly",
+                code="redis_unavailable",
+                retry_after=_RETRY_SEC,
+                should_retry=True,
+            )
+        return self._local.reserve(key, limits, cost)
+
+    async def settle(
+        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+    ) -> None:
+        if self._available():
+            args = [
+                "settle",
+                limits.requests_per_minute,
+                limits.tokens_per_minute,
+                token_delta,
+                request_delta,
+                *self._ledger_args(entry, list(entry.counters())),
+            ]
+            try:
+                await self._call(self._settle_keys(key, entry), args)
+            except (RedisError, OSError) as exc:
+                self._mark_down(exc)
+            else:
+                return
+        self._local.settle(key, limits, token_delta, request_delta)
+        self._backlog.add(entry)
+
+    async def usage(self) -> list[LedgerRow]:
+        members = sorted(await self._client.smembers(f"{self.prefix}ledger-index"))
+        rows: list[LedgerRow] = []
+        for member in members:
+            alias, _, model = member.partition("\t")
+            values = await self._client.hgetall(f"{self.prefix}ledger:{member}")
+            rows.append(LedgerRow(alias, model, *(int(values.get(c, 0)) for c in COUNTERS)))
+        return rows
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "kind": "redis",
+            "up": self.up,
+            "fail_mode": self.fail_mode,
+            "pending_ledger_rows": len(self._backlog._pending),
+        }
+
+
+def _decision(raw: list[Any], limits: Limits) -> Decision:
+    allowed, limit, retry_ms, r_left, r_reset, t_left, t_reset = (int(v) for v in raw)
+    return Decision(
+        allowed=bool(allowed),
+        limit=_LIMIT_NAMES[limit],
+        retry_after=float("inf") if retry_ms < 0 else retry_ms / 1000,
+        requests_limit=limits.requests_per_minute,
+        requests_remaining=r_left,
+        requests_reset=r_reset / 1000,
+        tokens_limit=limits.tokens_per_minute,
+        tokens_remaining=t_left,
+        tokens_reset=t_reset / 1000,
+        too_large=retry_ms < 0,
+    )

@@ -1,0 +1,103 @@
+"""The limit store interface and its in-process implementation.
+
+A store does two things per request, each in one step (one Redis round trip in
+the shared store): `reserve` admits or refuses 1 request + `cost` tokens for a key,
+and `settle` corrects the token reservation to real usage and adds the outcome to
+the usage ledger. Keeping both behind this small interface lets admission logic,
+tests and the Redis store share one contract.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.limits.bucket import Bucket, Decision, Limits, decide
+from app.limits.ledger import LedgerRow, LocalLedger, UsageEntry
+
+Clock = Callable[[], float]
+
+
+class LimitStore(Protocol):
+    async def reserve(self, key: str, limits: Limits, cost: int) -> Decision: ...
+
+    async def settle(
+        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+    ) -> None: ...
+
+    async def usage(self) -> list[LedgerRow]: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def describe(self) -> dict[str, object]: ...
+
+
+@dataclass
+class _KeyBuckets:
+    requests: Bucket
+    tokens: Bucket
+
+
+class MemoryBuckets:
+    """Per-key buckets of one process; also the fail-open fallback of the Redis store."""
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        self.clock = clock
+        self._keys: dict[str, _KeyBuckets] = {}
+
+    def _get(self, key: str, limits: Limits) -> _KeyBuckets:
+        now = self.clock()
+        found = self._keys.get(key)
+        if found is None:
+            found = _KeyBuckets(
+                Bucket.full(limits.requests_per_minute, now),
+                Bucket.full(limits.tokens_per_minute, now),
+            )
+            self._keys[key] = found
+        else:
+            found.requests.resize(limits.requests_per_minute)
+            found.tokens.resize(limits.tokens_per_minute)
+        return found
+
+    def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
+        b = self._get(key, limits)
+        return decide(b.requests, b.tokens, cost, self.clock())
+
+    def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
+        b = self._get(key, limits)
+        now = self.clock()
+        b.requests.refill(now)
+        b.tokens.refill(now)
+        b.tokens.debit(token_delta)
+        b.requests.debit(request_delta)
+
+
+class MemoryStore:
+    def __init__(self, ledger: LocalLedger, clock: Clock = time.monotonic) -> None:
+        self.buckets = MemoryBuckets(clock)
+        self.ledger = ledger
+
+    async def start(self) -> None:
+        await self.ledger.start()
+
+    async def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
+        return self.buckets.reserve(key, limits, cost)
+
+    async def settle(
+        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+    ) -> None:
+        self.buckets.settle(key, limits, token_delta, request_delta)
+        self.ledger.add(entry)
+
+    async def usage(self) -> list[LedgerRow]:
+        return await self.ledger.rows()
+
+    async def close(self) -> None:
+        await self.ledger.close()
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "memory", "ledger": self.ledger.describe()}

@@ -1,0 +1,103 @@
+-- Shared per-key token buckets and usage ledger for tokengate replicas.
+-- Same arithmetic as app/limits/bucket.py; Redis' own clock (TIME) is the clock, so
+-- replicas on different hosts never disagree about refill.
+--
+-- reserve: KEYS = {requests_bucket, tokens_bucket}
+--          ARGV = {"reserve", requests_capacity, tokens_capacity, cost}
+--          -> {allowed, limit(0 none|1 requests|2 tokens), retry_after_ms,
+--              requests_remaining, requests_reset_ms, tokens_remaining, tokens_reset_ms}
+-- settle:  KEYS = {requests_bucket, tokens_bucket, ledger_hash, ledger_index}
+--          ARGV = {"settle", requests_capacity, tokens_capacity, token_delta, request_delta,
+--                  ledger_member, requests, errors, prompt, completion,
+--                  failed_prompt, failed_completion}
+--          -> 1
+-- ledger:  KEYS = {ledger_hash, ledger_index}
+--          ARGV = {"ledger", ledger_member, requests, errors, prompt, completion,
+--                  failed_prompt, failed_completion}   (replay after an outage)
+--          -> 1
+local WINDOW = 60.0
+local TTL_MS = 120000  -- after 2 windows idle a bucket is full again: forget it
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+
+local function load(key, capacity)
+  local v = redis.call('HMGET', key, 'level', 'stamp', 'capacity')
+  local level, stamp, old = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  if level == nil then
+    return capacity
+  end
+  if old ~= nil and old > 0 and old ~= capacity then
+    level = level * capacity / old  -- a limit changed live keeps the fraction used
+  end
+  if now > stamp then
+    level = math.min(capacity, level + (now - stamp) * capacity / WINDOW)
+  end
+  return level
+end
+
+local function store(key, level, capacity)
+  redis.call('HSET', key, 'level', tostring(level), 'stamp', tostring(now), 'capacity', capacity)
+  redis.call('PEXPIRE', key, TTL_MS)
+end
+
+local function wait_for(level, amount, capacity)
+  if amount > capacity then return -1 end
+  if level >= amount then return 0 end
+  return (amount - level) * WINDOW / capacity
+end
+
+local function until_full(level, capacity)
+  return math.max(0, (capacity - level) * WINDOW / capacity)
+end
+
+local NAMES = {'requests', 'errors', 'prompt_tokens', 'completion_tokens',
+               'failed_prompt_tokens', 'failed_completion_tokens'}
+
+local function add_ledger(hash, index, member, first)
+  for i, name in ipairs(NAMES) do
+    local n = tonumber(ARGV[first + i - 1])
+    if n ~= 0 then redis.call('HINCRBY', hash, name, n) end
+  end
+  redis.call('SADD', index, member)
+end
+
+local op = ARGV[1]
+if op == 'ledger' then
+  add_ledger(KEYS[1], KEYS[2], ARGV[2], 3)
+  return 1
+end
+
+local rcap, tcap = tonumber(ARGV[2]), tonumber(ARGV[3])
+local rlevel, tlevel = load(KEYS[1], rcap), load(KEYS[2], tcap)
+
+if op == 'reserve' then
+  local cost = tonumber(ARGV[4])
+  local wr, wt = wait_for(rlevel, 1, rcap), wait_for(tlevel, cost, tcap)
+  local allowed, limit, retry = 0, 0, 0
+  if wr == 0 and wt == 0 then
+    allowed = 1
+    rlevel = math.max(-rcap, rlevel - 1)
+    tlevel = math.max(-tcap, tlevel - cost)
+    store(KEYS[1], rlevel, rcap)
+    store(KEYS[2], tlevel, tcap)
+  elseif wt < 0 then
+    limit, retry = 2, -1
+  elseif wr >= wt then
+    limit, retry = 1, wr
+  else
+    limit, retry = 2, wt
+  end
+  local rms = retry
+  if retry > 0 then rms = math.ceil(retry * 1000) end
+  return {allowed, limit, rms, math.max(0, math.floor(rlevel)),
+          math.ceil(until_full(rlevel, rcap) * 1000),
+          math.max(0, math.floor(tlevel)), math.ceil(until_full(tlevel, tcap) * 1000)}
+end
+
+-- settle
+local token_delta, request_delta = tonumber(ARGV[4]), tonumber(ARGV[5])
+store(KEYS[1], math.max(-rcap, math.min(rcap, rlevel - request_delta)), rcap)
+store(KEYS[2], math.max(-tcap, math.min(tcap, tlevel - token_delta)), tcap)
+add_ledger(KEYS[3], KEYS[4], ARGV[6], 7)
+return 1

@@ -1,0 +1,219 @@
+"""Every Prometheus metric, defined once and recorded through verbs.
+
+Nothing else imports prometheus_client. Instruments live on an explicitly passed
+`CollectorRegistry` (tests get a fresh one). With `--workers N` the CLI sets
+`PROMETHEUS_MULTIPROC_DIR` before any worker imports this module, values go to
+per-process files and `render()` aggregates them, so one scrape sums all workers.
+
+Label values are bounded: `key` is the alias, `model` is one of the configured or
+discovered models (else `other`), `domain` comes from the config. Label children are
+cached per label tuple because `.labels()` takes a lock and builds a tuple each call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client import multiprocess as _mp
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+MAX_MODEL_LABELS = 200
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_QUEUE = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def multiprocess_enabled() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def mark_process_dead(pid: int) -> None:
+    """Drop a dead worker's live gauges (called by the supervisor, if any)."""
+    if multiprocess_enabled():
+        _mp.mark_process_dead(pid)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, models: Iterable[str] = ()) -> None:
+        self.registry = registry
+        self._models: set[str] = set(models)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        r = registry
+        self.requests = Counter(
+            "tokengate_requests", "Requests answered, by serving domain, model and HTTP status.",
+            ["domain", "model", "status"], registry=r,
+        )
+        self.tokens = Counter(
+            "tokengate_tokens", "Tokens counted from upstream usage (kind = prompt|completion).",
+            ["key", "model", "kind"], registry=r,
+        )
+        self.failed_tokens = Counter(
+            "tokengate_failed_tokens",
+            "Tokens consumed by attempts that failed (interrupted streams, errors after usage).",
+            ["key", "model", "kind"], registry=r,
+        )
+        self.duration = Histogram(
+            "tokengate_request_duration_seconds",
+            "Time from request arrival to the last byte of the answer.",
+            ["domain", "model"], buckets=_LATENCY, registry=r,
+        )
+        self.ttft = Histogram(
+            "tokengate_time_to_first_token_seconds",
+            "Time from request arrival to the first streamed content chunk.",
+            ["domain", "model"], buckets=_LATENCY, registry=r,
+        )
+        self.queue_depth = Gauge(
+            "tokengate_queue_depth", "Requests waiting in a domain's queue.",
+            ["domain"], registry=r, multiprocess_mode="livesum",
+        )
+        self.queue_wait = Histogram(
+            "tokengate_queue_wait_seconds", "Time a request waited for a dispatch slot.",
+            ["domain"], buckets=_QUEUE, registry=r,
+        )
+        self.inflight = Gauge(
+            "tokengate_inflight", "Upstream requests in flight (streams count until they end).",
+            ["domain"], registry=r, multiprocess_mode="livesum",
+        )
+        self.batch = Histogram(
+            "tokengate_batch_size", "Requests released upstream per dispatch group.",
+            ["domain"], buckets=_BATCH, registry=r,
+        )
+        self.retries = Counter(
+            "tokengate_upstream_retries", "Upstream retries, by the failure that caused them.",
+            ["domain", "reason"], registry=r,
+        )
+        self.attempts = Counter(
+            "tokengate_upstream_attempts", "Upstream attempts, by outcome.",
+            ["domain", "outcome"], registry=r,
+        )
+        self.rate_limited = Counter(
+            "tokengate_rate_limited", "Requests refused by a per-key limit (limit = requests|tokens).",
+            ["key", "limit"], registry=r,
+        )
+        self.upstream_up = Gauge(
+            "tokengate_upstream_up", "1 when the domain's upstream is healthy and its circuit closed.",
+            ["domain"], registry=r, multiprocess_mode="livemin",
+        )
+        self.breaker_open = Gauge(
+            "tokengate_circuit_open", "1 while a domain's circuit breaker is open.",
+            ["domain"], registry=r, multiprocess_mode="livemax",
+        )
+        self.stream_errors = Counter(
+            "tokengate_stream_errors", "Streams that ended with an error event after starting.",
+            ["domain", "reason"], registry=r,
+        )
+        self.fallbacks = Counter(
+            "tokengate_fallbacks", "Requests served by a fallback model.",
+            ["model", "fallback"], registry=r,
+        )
+        self.redis_up = Gauge(
+            "tokengate_redis_up", "1 when the shared-state Redis answers (absent without Redis).",
+            registry=r, multiprocess_mode="livemin",
+        )
+        self.route_unresolved = Gauge(
+            "tokengate_route_unresolved",
+            "1 when a routed or aliased model is listed by no domain's /v1/models.",
+            ["model"], registry=r, multiprocess_mode="livemax",
+        )
+
+    # -- label hygiene -------------------------------------------------------------
+    def add_models(self, models: Iterable[str]) -> None:
+        for model in models:
+            if len(self._models) >= MAX_MODEL_LABELS:
+                return
+            self._models.add(model)
+
+    def model_label(self, model: str | None) -> str:
+        if not model:
+            return "none"
+        return model if model in self._models else "other"
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = metric.labels(*labels)
+            self._children[key] = child
+        return child
+
+    # -- verbs ----------------------------------------------------------------------
+    def record_request(self, domain: str, model: str | None, status: int, seconds: float) -> None:
+        m = self.model_label(model)
+        self._child(self.requests, domain, m, str(status)).inc()
+        self._child(self.duration, domain, m).observe(seconds)
+
+    def record_ttft(self, domain: str, model: str | None, seconds: float) -> None:
+        self._child(self.ttft, domain, self.model_label(model)).observe(seconds)
+
+    def record_usage(self, key: str, model: str | None, prompt: int, completion: int) -> None:
+        m = self.model_label(model)
+        if prompt:
+            self._child(self.tokens, key, m, "prompt").inc(prompt)
+        if completion:
+            self._child(self.tokens, key, m, "completion").inc(completion)
+
+    def record_failed_usage(self, key: str, model: str | None, prompt: int, completion: int) -> None:
+        m = self.model_label(model)
+        if prompt:
+            self._child(self.failed_tokens, key, m, "prompt").inc(prompt)
+        if completion:
+            self._child(self.failed_tokens, key, m, "completion").inc(completion)
+
+    def record_rate_limited(self, key: str, limit: str) -> None:
+        self._child(self.rate_limited, key, limit).inc()
+
+    def record_retry(self, domain: str, reason: str) -> None:
+        self._child(self.retries, domain, reason).inc()
+
+    def record_attempt(self, domain: str, outcome: str) -> None:
+        self._child(self.attempts, domain, outcome).inc()
+
+    def record_stream_error(self, domain: str, reason: str) -> None:
+        self._child(self.stream_errors, domain, reason).inc()
+
+    def record_fallback(self, model: str, fallback: str) -> None:
+        self._child(self.fallbacks, self.model_label(model), self.model_label(fallback)).inc()
+
+    def record_batch(self, domain: str, size: int) -> None:
+        self._child(self.batch, domain).observe(size)
+
+    def record_queue_wait(self, domain: str, seconds: float) -> None:
+        self._child(self.queue_wait, domain).observe(seconds)
+
+    def set_queue_depth(self, domain: str, depth: int) -> None:
+        self._child(self.queue_depth, domain).set(depth)
+
+    def set_inflight(self, domain: str, count: int) -> None:
+        self._child(self.inflight, domain).set(count)
+
+    def set_domain_state(self, domain: str, up: bool, breaker_open: bool) -> None:
+        self._child(self.upstream_up, domain).set(1 if up and not breaker_open else 0)
+        self._child(self.breaker_open, domain).set(1 if breaker_open else 0)
+
+    def set_redis_up(self, up: bool) -> None:
+        self.redis_up.set(1 if up else 0)
+
+    def set_route_unresolved(self, model: str, unresolved: bool) -> None:
+        self._child(self.route_unresolved, model).set(1 if unresolved else 0)
+
+    # -- exposition ---------------------------------------------------------------------
+    def render(self) -> bytes:
+        if multiprocess_enabled():
+            registry = CollectorRegistry()
+            _mp.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+
+def new_registry() -> CollectorRegistry:
+    return CollectorRegistry()

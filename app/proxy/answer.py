@@ -1,0 +1,148 @@
+"""What the pipeline hands back to a route: a JSON body, or a stream that settles itself.
+
+A `StreamAnswer` owns its dispatch slot, its rate-limit ticket and the upstream
+response until its body iterator ends, however it ends:
+
+- upstream finished: usage from the stream (the gateway asked for it if the client
+  did not), the slot is freed, the reservation settled to that usage;
+- upstream broke off mid-stream: the client gets an OpenAI-style error event and the
+  key is charged what was streamed (upstream usage if it came, else an estimate);
+- client went away (the task is cancelled): the upstream request is closed at once,
+  and the key is charged what was streamed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.dispatch.dispatcher import Slot
+from app.dispatch.domain import Domain
+from app.limits.admission import Ticket
+from app.proxy.call import ProxyCall
+from app.proxy.trace import Trace
+from app.upstream.attempt import AttemptFailed
+from app.upstream.client import UpstreamResponse
+from app.upstream.streaming import SseRelay, error_event
+from app.upstream.usage import Usage
+
+if TYPE_CHECKING:
+    from app.proxy.pipeline import Proxy
+
+
+@dataclass
+class Reply:
+    response: UpstreamResponse
+    first: bytes
+    rest: AsyncIterator[bytes] | None
+    usage: Usage | None
+
+
+@dataclass(frozen=True)
+class JsonAnswer:
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str]
+
+
+class StreamAnswer:
+    status = 200
+    content_type = "text/event-stream"
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        call: ProxyCall,
+        trace: Trace,
+        ticket: Ticket,
+        reply: Reply,
+        slot: Slot,
+        domain: Domain,
+    ) -> None:
+        self._proxy = proxy
+        self._call = call
+        self._trace = trace
+        self._ticket = ticket
+        self._reply = reply
+        self._slot = slot
+        self._domain = domain
+        self.relay = SseRelay(strip_usage_chunk=call.strip_usage)
+        self.headers = {
+            **ticket.headers(),
+            "x-tokengate-domain": domain.name,
+            "cache-control": "no-cache",
+        }
+        self._finished = False
+
+    async def body(self) -> AsyncIterator[bytes]:
+        relay, status, outcome = self.relay, 200, None
+        try:
+            out = relay.feed(self._reply.first)
+            if out:
+                self._ttft()
+                yield out
+            assert self._reply.rest is not None
+            async for chunk in self._reply.rest:
+                out = relay.feed(chunk)
+                if out:
+                    self._ttft()
+                    yield out
+            out = relay.finish()
+            if out:
+                yield out
+            if not relay.done and not relay.has_usage:
+                outcome = "truncated"
+                yield error_event("the upstream closed the stream early", "stream_interrupted",
+                                  anthropic=self._call.endpoint.anthropic)
+        except AttemptFailed as failure:
+            outcome = failure.reason
+            yield error_event(f"the upstream stream broke off ({failure.reason})",
+                              "stream_interrupted", anthropic=self._call.endpoint.anthropic)
+        except BaseException:
+            status, outcome = 499, "client_closed"
+            raise
+        finally:
+            await self._close(status if outcome in (None, "client_closed") else 502, outcome)
+
+    def _ttft(self) -> None:
+        if self.relay.saw_content and not getattr(self, "_ttft_done", False):
+            self._ttft_done = True
+            seconds = self._proxy.clock() - self._trace.started
+            self._proxy.metrics.record_ttft(self._domain.name, self._trace.model, seconds)
+
+    async def _close(self, status: int, outcome: str | None) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._slot.release()
+        try:
+            await self._reply.response.close()
+        finally:
+            self._settle(status, outcome)
+
+    def _settle(self, status: int, outcome: str | None) -> None:
+        relay, trace = self.relay, self._trace
+        trace.model = relay.model or trace.attempts[-1].model
+        prompt = relay.prompt_tokens if relay.prompt_tokens is not None else self._call.prompt_tokens
+        if relay.has_usage:
+            completion = relay.completion_tokens or 0
+        else:
+            completion, trace.estimated = relay.text.tokens, True
+        failed = (0, 0)
+        if outcome is None:
+            trace.prompt_tokens, trace.completion_tokens = prompt, completion
+        else:
+            self._proxy.metrics.record_stream_error(self._domain.name, outcome)
+            failed = (prompt, completion)
+        if outcome is not None and outcome != "client_closed":
+            trace.error = "stream_interrupted"
+        self._proxy._finish(self._call, trace, self._ticket, status, failed=failed)
+
+    async def aclose(self) -> None:
+        """Called if the body was never iterated (the client left before the first byte)."""
+        await self._close(499, "client_closed")
+
+
+Answer = JsonAnswer | StreamAnswer

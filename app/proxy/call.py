@@ -1,0 +1,76 @@
+"""One client request as the proxy sees it: parsed just enough, passed through whole.
+
+The gateway reads only the fields it needs (model, stream, max_tokens, n, the prompt
+for an estimate) and forwards the client's bytes untouched unless it must change
+something: the model (default route, alias, fallback) or `stream_options` (to get
+usage from a stream). Unknown fields always pass through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.runtime import KeySpec
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    path: str
+    streamable: bool
+    anthropic: bool = False
+    usage_in_stream: bool = True  # accepts stream_options.include_usage
+
+
+CHAT = Endpoint("chat", "/v1/chat/completions", streamable=True)
+COMPLETIONS = Endpoint("completions", "/v1/completions", streamable=True)
+EMBEDDINGS = Endpoint("embeddings", "/v1/embeddings", streamable=False)
+MESSAGES = Endpoint("messages", "/v1/messages", streamable=True, anthropic=True, usage_in_stream=False)
+
+
+@dataclass
+class ProxyCall:
+    endpoint: Endpoint
+    key: KeySpec
+    request_id: str
+    raw: bytes
+    body: dict[str, Any]
+    model: str | None
+    stream: bool
+    max_tokens: int | None
+    prompt_tokens: int
+    choices: int = 1
+    client_headers: Mapping[str, str] = field(default_factory=dict)
+    started: float = 0.0
+
+    @property
+    def client_wants_usage(self) -> bool:
+        opts = self.body.get("stream_options")
+        return isinstance(opts, dict) and opts.get("include_usage") is True
+
+    @property
+    def strip_usage(self) -> bool:
+        """The gateway asked for stream usage itself, so the client must not see it."""
+        return self.stream and self.endpoint.usage_in_stream and not self.client_wants_usage
+
+    def cost(self, default_max_tokens: int) -> int:
+        if self.endpoint is EMBEDDINGS:
+            return self.prompt_tokens
+        completion = self.max_tokens if self.max_tokens is not None else default_max_tokens
+        return self.prompt_tokens + completion * self.choices
+
+    def body_for(self, model: str) -> bytes:
+        """The bytes to send upstream for `model`; the client's own when nothing changes."""
+        inject = self.strip_usage
+        if model == self.body.get("model") and not inject:
+            return self.raw
+        body = dict(self.body)
+        body["model"] = model
+        if inject:
+            opts = body.get("stream_options")
+            body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        return orjson.dumps(body)

@@ -1,0 +1,354 @@
+"""The request pipeline: the one domain entry point behind every proxy route.
+
+    resolve model (alias, default, key's allowed models)   404 / 403
+      └► plan: [requested model, *fallbacks] x domains serving each
+          └► admission: reserve 1 request + estimated tokens   429
+              └► for each model, for each available domain (best first):
+                    dispatcher slot (queue, batch, pace)        503 queue_full/timeout
+                    └► attempts with retries (retry.py)         backoff, Retry-After, budget
+              └► answer: JSON (slot freed now) or stream (slot freed at its end)
+          └► finish: settle the reservation with real usage, metrics, one log line
+
+Everything after admission ends in `finish` exactly once, whatever happens (error,
+client disconnect, stream drop). No FastAPI here: handlers translate HTTP to a
+`ProxyCall` and an `Answer` back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from app.dispatch.dispatcher import Slot
+from app.dispatch.domain import Domain
+from app.dispatch.routing import rank, serving
+from app.errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    PermissionDenied,
+    ServiceUnavailable,
+    UpstreamFailed,
+    UpstreamRejected,
+    UpstreamTimeout,
+)
+from app.limits.admission import Admission, Ticket
+from app.limits.ledger import UsageEntry
+from app.metrics import Metrics
+from app.proxy.answer import Answer, JsonAnswer, Reply, StreamAnswer
+from app.proxy.call import ProxyCall
+from app.proxy.trace import Attempt, Trace
+from app.runtime import Runtime
+from app.upstream.attempt import AttemptFailed
+from app.upstream.retry import RetrySpec, call_with_retries
+from app.upstream.usage import parse_usage
+
+access_log = logging.getLogger("tokengate.access")
+log = logging.getLogger("tokengate.proxy")
+MAX_DOMAINS_PER_MODEL = 2
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class Proxy:
+    def __init__(
+        self,
+        runtime: Runtime,
+        domains: list[Domain],
+        admission: Admission,
+        metrics: Metrics,
+        spawn: Spawn,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.runtime = runtime
+        self.domains = domains
+        self.admission = admission
+        self.metrics = metrics
+        self.spawn = spawn
+        self.clock = clock
+        policy = runtime.settings.retry_policy
+        self.cooperate = policy.client_retries == "cooperate"
+        self.retry = RetrySpec(
+            attempts=runtime.attempts,
+            backoff=policy.backoff_ms / 1000,
+            max_backoff=policy.max_backoff_ms / 1000,
+            max_retry_after=policy.max_retry_after_ms / 1000,
+        )
+        self.aliases = runtime.settings.model_aliases
+        self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
+
+    # -- the entry point ----------------------------------------------------------
+    async def handle(self, call: ProxyCall) -> Answer:
+        trace = Trace(
+            call.request_id, call.key.alias, call.endpoint.name, call.model, call.stream,
+            call.started or self.clock(),
+        )
+        try:
+            requested, plan = self._plan(call)
+            ticket = await self.admission.admit(call.key, call.cost(self.default_max_tokens))
+        except GatewayError as exc:
+            self._log(trace, exc.status, exc)
+            raise
+        try:
+            reply, domain, model, slot = await self._execute(call, plan, trace)
+        except BaseException as exc:
+            self._finish(call, trace, ticket, _status_of(exc), exc=exc)
+            raise
+        trace.domain, trace.fallback = domain.name, model != requested
+        if call.stream:
+            return StreamAnswer(self, call, trace, ticket, reply, slot, domain)
+        slot.release()
+        return self._json_answer(call, trace, ticket, reply, domain)
+
+    # -- model and plan -------------------------------------------------------------
+    def _plan(self, call: ProxyCall) -> tuple[str, list[tuple[str, list[Domain]]]]:
+        asked = call.model or self.runtime.default_model
+        if not asked:
+            raise InvalidRequest(
+                "you must provide a model parameter (no model_route.default is configured)",
+                param="model",
+                code="missing_model",
+            )
+        target = self.aliases.get(asked, asked)
+        key = call.key
+        if not self._allowed(key.models, asked, target):
+            raise PermissionDenied(
+                f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
+            )
+        first = serving(self.domains, target, key.domain)
+        if not first:
+            raise ModelNotFound(_not_found(asked, key.domain), param="model")
+        plan = [(target, first)]
+        for name in self.runtime.fallbacks:
+            fb = self.aliases.get(name, name)
+            if fb == target or not self._allowed(key.models, name, fb):
+                continue
+            candidates = serving(self.domains, fb, key.domain)
+            if candidates:
+                plan.append((fb, candidates))
+        return target, plan
+
+    @staticmethod
+    def _allowed(models: frozenset[str] | None, asked: str, target: str) -> bool:
+        return models is None or asked in models or target in models
+
+    # -- execution --------------------------------------------------------------------
+    async def _execute(
+        self, call: ProxyCall, plan: list[tuple[str, list[Domain]]], trace: Trace
+    ) -> tuple[Reply, Domain, str, Slot]:
+        last: BaseException | None = None
+        for i, (model, candidates) in enumerate(plan):
+            if i:
+                self.metrics.record_fallback(plan[0][0], model)
+            ranked = rank(candidates)[:MAX_DOMAINS_PER_MODEL]
+            if not ranked:
+                last = self._no_domain(model, candidates)
+            for domain in ranked:
+                try:
+                    reply, slot = await self._on_domain(call, model, domain, trace)
+                    return reply, domain, model, slot
+                except AttemptFailed as failure:
+                    last = failure
+                    if not failure.moves_on:
+                        raise self._final_error(failure, trace) from None
+                except ServiceUnavailable as exc:
+                    last = exc
+        raise self._final_error(last, trace)
+
+    async def _on_domain(
+        self, call: ProxyCall, model: str, domain: Domain, trace: Trace
+    ) -> tuple[Reply, Slot]:
+        queued = self.clock()
+        slot = await domain.dispatcher.acquire(
+            call.key.alias, call.key.priority, call.cost(self.default_max_tokens)
+        )
+        trace.queue_ms += (self.clock() - queued) * 1000
+        body = call.body_for(model)
+        domain.budget.record_request()
+        try:
+            reply = await call_with_retries(
+                lambda n: self._attempt(call, model, domain, body, n, trace),
+                self.retry,
+                domain.budget,
+                lambda f: self.metrics.record_retry(domain.name, f.reason),
+            )
+        except BaseException:
+            slot.release()
+            raise
+        return reply, slot
+
+    async def _attempt(
+        self, call: ProxyCall, model: str, domain: Domain, body: bytes, n: int, trace: Trace
+    ) -> Reply:
+        if not domain.breaker.allows():
+            raise AttemptFailed("circuit_open", retryable=False, detail=domain.name)
+        t0 = self.clock()
+        try:
+            reply = await self._send(call, domain, body)
+        except AttemptFailed as failure:
+            self._record_attempt(domain, trace, n, model, failure.reason, t0)
+            domain.breaker.record(not failure.upstream_fault)
+            raise
+        except BaseException:
+            self._record_attempt(domain, trace, n, model, "cancelled", t0)
+            domain.breaker.release_probe()
+            raise
+        self._record_attempt(domain, trace, n, model, "ok", t0)
+        domain.breaker.record(True)
+        domain.observe_latency(self.clock() - t0)
+        return reply
+
+    async def _send(self, call: ProxyCall, domain: Domain, body: bytes) -> Reply:
+        resp = await domain.client.send(
+            call.endpoint.path, body, stream=call.stream, request_id=call.request_id,
+            client_headers=call.client_headers,
+        )
+        if resp.status >= 300:
+            data = await resp.read()
+            raise _status_failure(resp.status, data, resp.headers)
+        if call.stream:
+            chunks = resp.chunks().__aiter__()
+            try:
+                first = await anext(chunks, b"")  # a drop before the first byte is retryable
+            except BaseException:
+                await resp.close()
+                raise
+            return Reply(resp, first, chunks, None)
+        data = await resp.read()
+        return Reply(resp, data, None, parse_usage(data, anthropic=call.endpoint.anthropic))
+
+    def _record_attempt(
+        self, domain: Domain, trace: Trace, n: int, model: str, outcome: str, t0: float
+    ) -> None:
+        ms = (self.clock() - t0) * 1000
+        trace.upstream_ms += ms
+        trace.attempts.append(Attempt(n, domain.name, model, outcome, ms))
+        self.metrics.record_attempt(domain.name, outcome)
+
+    # -- errors --------------------------------------------------------------------------
+    def _no_domain(self, model: str, candidates: list[Domain]) -> ServiceUnavailable:
+        states = ", ".join(f"{d.name}: {d.state()}" for d in candidates)
+        wait = min(
+            (d.breaker.cfg.open_sec for d in candidates if d.breaker.is_open), default=5.0
+        )
+        return ServiceUnavailable(
+            f"no healthy domain serves model '{model}' ({states})",
+            code="no_healthy_domain",
+            retry_after=wait,
+            should_retry=False if self.cooperate else None,
+        )
+
+    def _final_error(self, last: BaseException | None, trace: Trace) -> GatewayError:
+        spent = None if not self.cooperate else False
+        tries = len(trace.attempts)
+        if last is None or isinstance(last, GatewayError):
+            return last or ServiceUnavailable("no domain available", code="no_healthy_domain")
+        assert isinstance(last, AttemptFailed)
+        if last.reason == "status_4xx" and last.status is not None:
+            return UpstreamRejected(last.status, last.body, last.content_type)
+        if last.reason == "model_not_found":
+            return ModelNotFound(
+                f"the upstream does not serve model '{trace.attempts[-1].model}'; "
+                "GET /v1/models lists what is served",
+                param="model",
+            )
+        if last.reason == "timeout":
+            return UpstreamTimeout(
+                f"upstream did not answer in time ({tries} attempt(s))", should_retry=spent
+            )
+        if last.reason == "status_429":
+            return ServiceUnavailable(
+                f"upstream quota exhausted after {tries} attempt(s)",
+                code="upstream_rate_limited",
+                retry_after=last.retry_after if last.retry_after is not None else 1.0,
+                should_retry=spent,
+            )
+        if last.reason == "upstream_auth":
+            log.error("upstream refused the gateway's credentials (status %s)", last.status)
+            return UpstreamFailed(
+                "the upstream refused the gateway's credentials; operators: see the gateway log",
+                should_retry=spent,
+            )
+        if last.reason == "circuit_open":
+            return ServiceUnavailable(
+                "the upstream circuit is open after repeated failures",
+                code="no_healthy_domain",
+                retry_after=5.0,
+                should_retry=spent,
+            )
+        return UpstreamFailed(
+            f"upstream failed after {tries} attempt(s): {last.reason}", should_retry=spent
+        )
+
+    # -- answers and accounting -------------------------------------------------------------
+    def _json_answer(
+        self, call: ProxyCall, trace: Trace, ticket: Ticket, reply: Reply, domain: Domain
+    ) -> JsonAnswer:
+        usage = reply.usage
+        assert usage is not None
+        trace.model = usage.model or trace.attempts[-1].model
+        trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
+        self._finish(call, trace, ticket, 200)
+        headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
+        ctype = reply.response.headers.get("content-type", "application/json")
+        return JsonAnswer(200, reply.first, ctype, headers)
+
+    def _finish(
+        self,
+        call: ProxyCall,
+        trace: Trace,
+        ticket: Ticket,
+        status: int,
+        *,
+        exc: BaseException | None = None,
+        failed: tuple[int, int] = (0, 0),
+    ) -> None:
+        """Settle, count and log; exactly once per admitted request."""
+        model = trace.model or (trace.attempts[-1].model if trace.attempts else call.model) or "-"
+        entry = UsageEntry(
+            key=call.key.alias,
+            model=model,
+            prompt_tokens=trace.prompt_tokens,
+            completion_tokens=trace.completion_tokens,
+            error=status != 200,
+            failed_prompt_tokens=failed[0],
+            failed_completion_tokens=failed[1],
+        )
+        self.spawn(self.admission.settle(ticket, entry, dispatched=trace.dispatched))
+        self.metrics.record_usage(call.key.alias, model, entry.prompt_tokens, entry.completion_tokens)
+        self.metrics.record_failed_usage(call.key.alias, model, *failed)
+        self._log(trace, status, exc)
+
+    def _log(self, trace: Trace, status: int, exc: BaseException | None) -> None:
+        trace.status = status
+        if isinstance(exc, GatewayError):
+            trace.error = exc.code or exc.type
+        elif exc is not None:
+            trace.error = type(exc).__name__
+        seconds = self.clock() - trace.started
+        self.metrics.record_request(trace.domain or "-", trace.model or trace.requested_model,
+                                    status, seconds)
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
+
+
+def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> AttemptFailed:
+    from app.upstream.attempt import status_failure
+
+    return status_failure(status, body, headers.get("content-type", "application/json"), headers)
+
+
+def _status_of(exc: BaseException) -> int:
+    if isinstance(exc, GatewayError):
+        return exc.status
+    return 499 if isinstance(exc, BaseException) and not isinstance(exc, Exception) else 500
+
+
+def _not_found(model: str, pinned: str | None) -> str:
+    where = f" in domain '{pinned}' (this key is pinned to it)" if pinned else ""
+    return (
+        f"The model '{model}' does not exist or is not served{where}. GET /v1/models lists the "
+        "models this gateway serves; check model_route and model_aliases in settings.json and "
+        "each domain's `models` in config.toml."
+    )

@@ -1,0 +1,68 @@
+"""What happened to one request: the task-ID map of 003 and the source of its log line.
+
+Every upstream attempt is recorded (number, domain, model, outcome, milliseconds), so
+a retry or fallback can always be traced back to the request and input it served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Attempt:
+    n: int
+    domain: str
+    model: str
+    outcome: str
+    ms: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {"n": self.n, "domain": self.domain, "model": self.model,
+                "outcome": self.outcome, "ms": round(self.ms, 2)}
+
+
+@dataclass
+class Trace:
+    request_id: str
+    key: str
+    endpoint: str
+    requested_model: str | None
+    stream: bool
+    started: float
+    model: str | None = None  # what served (the upstream's answer's model when known)
+    domain: str | None = None
+    status: int = 0
+    error: str | None = None
+    queue_ms: float = 0.0
+    upstream_ms: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    estimated: bool = False
+    fallback: bool = False
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def dispatched(self) -> bool:
+        return bool(self.attempts)
+
+    def fields(self, duration_ms: float) -> dict[str, object]:
+        return {
+            "request_id": self.request_id,
+            "key": self.key,
+            "endpoint": self.endpoint,
+            "model": self.model or self.requested_model,
+            "requested_model": self.requested_model,
+            "domain": self.domain,
+            "status": self.status,
+            "error": self.error,
+            "stream": self.stream,
+            "queue_ms": round(self.queue_ms, 2),
+            "upstream_ms": round(self.upstream_ms, 2),
+            "duration_ms": round(duration_ms, 2),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "usage_estimated": self.estimated,
+            "fallback": self.fallback,
+            "attempts": [a.as_dict() for a in self.attempts],
+        }

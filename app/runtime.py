@@ -1,0 +1,237 @@
+"""Settings -> a frozen Runtime: the compiled view the gateway runs on.
+
+Pure: reads the environment only through the mapping it is given. This is where the
+seed's overlapping fields get their one rule (README, "Configuration"):
+
+- upstream base URL of a domain: its own `api_base`, else settings.json
+  `api_endpoint`, else `token_scheduler.api_base` (settings.json beats config.toml);
+- upstream key of a domain: the variable named by its own `api_key_env`, else
+  settings.json `api_key` (normally `${TAOTOKEN_API_KEY}`), else the variable named by
+  `token_scheduler.api_key_env`;
+- attempts per model: `retry_policy.max_attempts`, else `token_scheduler.max_retries + 1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pydantic import SecretStr
+
+from app.config.errors import ConfigError, Problem
+from app.config.schema import KeyConfig, ScaleUpConfig, Settings
+
+PRIORITIES = ("high", "normal", "low")
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    name: str
+    api_base: str
+    api_key: SecretStr = field(repr=False)
+    api_key_env: str
+    models: frozenset[str] | None
+    max_inflight: int
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    quota_window_sec: float = 60.0
+    weight: float = 1.0
+    api_style: str = "openai"
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    alias: str
+    digests: tuple[str, ...]
+    tokens_per_minute: int
+    requests_per_minute: int
+    priority: str = "normal"
+    models: frozenset[str] | None = None
+    domain: str | None = None
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    settings: Settings
+    domains: tuple[DomainSpec, ...]
+    keys: tuple[KeySpec, ...]
+    auth_enabled: bool
+    attempts: int
+    workers: int = 1
+    source: str = ""
+
+    def domain(self, name: str) -> DomainSpec:
+        return next(d for d in self.domains if d.name == name)
+
+    @property
+    def default_model(self) -> str | None:
+        return self.settings.model_route.default
+
+    @property
+    def fallbacks(self) -> tuple[str, ...]:
+        return self.settings.model_route.fallbacks()
+
+
+def compile_runtime(
+    settings: Settings,
+    environ: Mapping[str, str],
+    *,
+    no_auth: bool = False,
+    workers: int = 1,
+    source: str = "settings",
+) -> Runtime:
+    problems: list[Problem] = []
+    domains = _domains(settings, environ, problems, source)
+    keys = _keys(settings, {d.name for d in domains}, problems, source)
+    if not keys and not no_auth:
+        problems.append(
+            Problem(
+                source,
+                "keys",
+                "no gateway keys are configured, so every client would be refused",
+                "run `tokengate keys new --alias NAME` and add the printed line to `keys`, "
+                "or start with --no-auth for a trusted network only",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
+    policy = settings.retry_policy
+    attempts = (
+        policy.max_attempts
+        if policy.max_attempts is not None
+        else settings.token_scheduler.max_retries + 1
+    )
+    if policy.client_retries == "client":
+        attempts = 1
+    return Runtime(
+        settings=settings,
+        domains=tuple(domains),
+        keys=tuple(keys),
+        auth_enabled=not no_auth,
+        attempts=attempts,
+        workers=workers,
+        source=source,
+    )
+
+
+def _entries(settings: Settings) -> list[ScaleUpConfig]:
+    raw = settings.scale_up
+    if raw is None:
+        return [ScaleUpConfig(domain=settings.cluster.scale_up_domain)]
+    if isinstance(raw, ScaleUpConfig):
+        return [raw.model_copy(update={"domain": raw.domain or settings.cluster.scale_up_domain})]
+    return list(raw)
+
+
+def _domains(
+    settings: Settings, environ: Mapping[str, str], problems: list[Problem], source: str
+) -> list[DomainSpec]:
+    sched = settings.token_scheduler
+    out: list[DomainSpec] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(_entries(settings)):
+        where = f"scale_up[{i}]"
+        if entry.domain is None:
+            problems.append(Problem(source, f"{where}.domain", "missing", "name every domain"))
+            continue
+        if entry.domain in seen:
+            problems.append(
+                Problem(source, f"{where}.domain", f"duplicate domain {entry.domain!r}", "rename")
+            )
+            continue
+        seen.add(entry.domain)
+        key = _upstream_key(settings, entry, environ)
+        if key is None:
+            var = entry.api_key_env or sched.api_key_env
+            problems.append(
+                Problem(
+                    f"environment variable {var}",
+                    f"{where}.api_key_env",
+                    f"domain {entry.domain!r} has no upstream key: {var} is not set",
+                    f"export {var}=... (containers must pass it explicitly)",
+                )
+            )
+            continue
+        out.append(
+            DomainSpec(
+                name=entry.domain,
+                api_base=_base_url(entry.api_base or settings.api_endpoint or sched.api_base),
+                api_key=key,
+                api_key_env=entry.api_key_env or sched.api_key_env,
+                models=frozenset(entry.models) if entry.models is not None else None,
+                max_inflight=entry.max_inflight or sched.max_inflight,
+                requests_per_minute=entry.requests_per_minute,
+                tokens_per_minute=entry.tokens_per_minute,
+                quota_window_sec=entry.quota_window_sec,
+                weight=entry.weight,
+                api_style=entry.api_style,
+            )
+        )
+    return out
+
+
+def _upstream_key(
+    settings: Settings, entry: ScaleUpConfig, environ: Mapping[str, str]
+) -> SecretStr | None:
+    if entry.api_key_env:
+        value = environ.get(entry.api_key_env)
+        return SecretStr(value) if value else None
+    if settings.api_key is not None and settings.api_key.get_secret_value():
+        return settings.api_key
+    value = environ.get(settings.token_scheduler.api_key_env)
+    return SecretStr(value) if value else None
+
+
+def _base_url(url: str) -> str:
+    # Clients habitually paste an OpenAI base URL ending in /v1; our paths carry /v1 already.
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _keys(
+    settings: Settings, domains: set[str], problems: list[Problem], source: str
+) -> list[KeySpec]:
+    limits = settings.rate_limit
+    out: list[KeySpec] = []
+    aliases: set[str] = set()
+    digests: set[str] = set()
+    for i, key in enumerate(settings.keys):
+        where = f"keys[{i}]"
+        if key.alias in aliases:
+            problems.append(Problem(source, f"{where}.alias", "duplicate alias", "rename it"))
+        if key.domain is not None and key.domain not in domains:
+            problems.append(
+                Problem(
+                    source,
+                    f"{where}.domain",
+                    f"unknown domain {key.domain!r}",
+                    f"use one of: {', '.join(sorted(domains))}",
+                )
+            )
+        for digest in key.digests():
+            if digest in digests:
+                problems.append(
+                    Problem(source, f"{where}.key_sha256", "hash used by two keys", "new key")
+                )
+            digests.add(digest)
+        aliases.add(key.alias)
+        out.append(_key_spec(key, limits.tokens_per_minute, limits.requests_per_minute))
+    return out
+
+
+def _key_spec(key: KeyConfig, tpm: int, rpm: int) -> KeySpec:
+    expires = key.expires_at
+    if expires is not None and expires.tzinfo is None:
+        expires = expires.replace(tzinfo=UTC)
+    return KeySpec(
+        alias=key.alias,
+        digests=key.digests(),
+        tokens_per_minute=key.tokens_per_minute or tpm,
+        requests_per_minute=key.requests_per_minute or rpm,
+        priority=key.priority,
+        models=frozenset(key.models) if key.models is not None else None,
+        domain=key.domain,
+        expires_at=expires,
+    )

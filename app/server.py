@@ -1,0 +1,89 @@
+"""Running the ASGI app under uvicorn (uvloop + httptools), one or N workers.
+
+SIGTERM drains: the gateway's readiness turns 503 first (`server.drain_delay_sec`
+lets load balancers notice), then uvicorn stops accepting and waits for in-flight
+requests, queued ones included, up to `server.drain_timeout_sec`; the lifespan then
+closes the gateway and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from app.bootstrap import setup_process
+from app.runtime import Runtime
+
+log = logging.getLogger("tokengate.server")
+
+
+def _config(app: Any, runtime: Runtime, host: str, port: int, workers: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        workers=workers,
+        factory=isinstance(app, str),
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=int(runtime.settings.server.drain_timeout_sec) or None,
+        timeout_keep_alive=30,
+    )
+
+
+def run_server(runtime: Runtime, host: str, port: int, *, workers: int = 1) -> int:
+    setup_process(runtime)
+    if workers == 1:
+        from app.main import create_app
+
+        app = create_app(runtime, handle_signals=True)
+        server = uvicorn.Server(_config(app, runtime, host, port, 1))
+        server.run()
+        return 0 if server.started else 1
+    from uvicorn.supervisors import Multiprocess
+
+    config = _config("app.main:factory", runtime, host, port, workers)
+    log.info("starting %d workers on %s:%d", workers, host, port)
+    sock = config.bind_socket()
+    Multiprocess(config, sockets=[sock]).run()
+    return 0
+
+
+@contextlib.contextmanager
+def drain_on_sigterm(begin_drain: Callable[[], None], delay: float) -> Iterator[None]:
+    """Wrap uvicorn's SIGTERM handler: mark draining, then (after `delay`) let it stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+
+    def forward() -> None:
+        if callable(previous):
+            frame: FrameType | None = None
+            previous(signal.SIGTERM, frame)
+
+    def on_term() -> None:
+        begin_drain()
+        if delay > 0:
+            loop.call_later(delay, forward)
+        else:
+            forward()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(signal.SIGTERM)

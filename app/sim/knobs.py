@@ -1,0 +1,47 @@
+"""The simulator's knobs: its models, its key, its pace, its quota and its faults."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Faults:
+    """Injected failures. `count` > 0 fails the next N requests; `rate` fails at random."""
+
+    status: int = 500
+    count: int = 0
+    rate: float = 0.0
+    retry_after: float | None = None
+    stall_ms: float = 0.0  # wait this long before answering (past the gateway's timeout)
+    drop_after: int | None = None  # break streams off after this many content chunks
+    reset: bool = False  # cut the connection mid-body instead of answering a status
+    paths: tuple[str, ...] = ()  # only these paths (empty = every /v1 path)
+
+    def applies(self, path: str) -> bool:
+        return not self.paths or path in self.paths
+
+    def should_fail(self, rng: random.Random) -> bool:
+        if self.count > 0:
+            self.count -= 1
+            return True
+        return self.rate > 0 and rng.random() < self.rate
+
+
+@dataclass
+class SimKnobs:
+    models: tuple[str, ...] = ("claude-sonnet", "gpt-4o", "text-embedding-3-small")
+    api_key: str | None = None  # None: any non-empty bearer key is accepted
+    latency_ms: float = 0.0  # before the first byte
+    tokens_per_sec: float = 0.0  # 0 = as fast as possible
+    reply_tokens: int = 16  # completion length when max_tokens allows
+    embedding_dim: int = 16
+    rpm: int | None = None
+    tpm: int | None = None
+    quota_window_sec: float = 60.0
+    record: bool = True
+    max_records: int = 100_000
+    anthropic: bool = True  # also serve /v1/messages
+    faults: Faults = field(default_factory=Faults)
+    seed: int = 7

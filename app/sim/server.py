@@ -1,0 +1,314 @@
+"""`tokengate sim`: an honest OpenAI-compatible upstream for demos, tests and benchmarks.
+
+Honest means it refuses what the real API refuses: a missing or wrong key (401), an
+unknown model (404 `model_not_found`), malformed bodies (400), traffic past its own
+quota (429 with `Retry-After` and `retry-after-ms`). Answers are deterministic, with
+usage counted its own way. It also records what it received (`GET /_sim/records`),
+so tests can assert which key, headers and bodies reached it, and counts concurrent
+requests (`GET /_sim/stats`). Faults are set by flags or `PUT /_sim/faults`.
+The `/_sim/*` control routes have no auth: bind the simulator to loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import asdict, fields
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from app.sim import shapes
+from app.sim.knobs import Faults, SimKnobs
+from app.sim.quota import Quota
+
+
+class SimError(Exception):
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code = status, message, kind, code
+        self.headers = headers or {}
+
+
+class Sim:
+    def __init__(self, knobs: SimKnobs) -> None:
+        self.knobs = knobs
+        self.rng = random.Random(knobs.seed)
+        self.records: deque[dict[str, Any]] = deque(maxlen=knobs.max_records)
+        self.quota = Quota(knobs.rpm, knobs.tpm, knobs.quota_window_sec)
+        self.inflight = 0
+        self.peak_inflight = 0
+        self.counts: dict[str, int] = {}
+        self._seq = 0
+
+    # -- bookkeeping --------------------------------------------------------------
+    def _record(self, request: Request, body: Any) -> dict[str, Any]:
+        self._seq += 1
+        rec: dict[str, Any] = {
+            "seq": self._seq, "path": request.url.path, "method": request.method,
+            "headers": {k.lower(): v for k, v in request.headers.items()},
+            "body": body, "status": None, "cancelled": False, "completed": False,
+            "at": time.time(),
+        }
+        if self.knobs.record:
+            self.records.append(rec)
+        return rec
+
+    def _count(self, status: int) -> None:
+        self.counts[str(status)] = self.counts.get(str(status), 0) + 1
+
+    # -- checks ---------------------------------------------------------------------
+    def _auth(self, request: Request, anthropic: bool) -> None:
+        presented = request.headers.get("x-api-key") if anthropic else None
+        if not presented:
+            scheme, _, value = request.headers.get("authorization", "").partition(" ")
+            presented = value.strip() if scheme.lower() == "bearer" else ""
+        if not presented:
+            raise SimError(401, "You didn't provide an API key.", "invalid_request_error",
+                           "missing_api_key")
+        if self.knobs.api_key is not None and presented != self.knobs.api_key:
+            raise SimError(401, "Incorrect API key provided.", "invalid_request_error",
+                           "invalid_api_key")
+
+    def _model(self, body: dict[str, Any]) -> str:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise SimError(400, "you must provide a model parameter", "invalid_request_error")
+        if model not in self.knobs.models:
+            raise SimError(404, f"The model `{model}` does not exist or you do not have access "
+                           "to it.", "invalid_request_error", "model_not_found")
+        return model
+
+    def _quota(self, tokens: int) -> None:
+        wait = self.quota.take(tokens, time.monotonic())
+        if wait is not None:
+            raise SimError(
+                429, f"Rate limit reached; please try again in {wait:.3f}s.", "requests",
+                "rate_limit_exceeded",
+                {"retry-after": str(max(1, int(wait + 0.999))),
+                 "retry-after-ms": str(max(1, int(wait * 1000 + 0.999)))},
+            )
+
+    async def _faults(self, request: Request, rec: dict[str, Any]) -> Faults | None:
+        f = self.knobs.faults
+        if not f.applies(request.url.path):
+            return None
+        if f.stall_ms:
+            await self._wait(request, f.stall_ms / 1000, rec)
+        if f.should_fail(self.rng):
+            if f.reset:
+                return f
+            headers = {}
+            if f.retry_after is not None:
+                headers = {"retry-after": str(max(0, int(f.retry_after + 0.999))),
+                           "retry-after-ms": str(int(f.retry_after * 1000))}
+            raise SimError(f.status, f"injected fault ({f.status})", "server_error", None, headers)
+        return None
+
+    async def _wait(self, request: Request, seconds: float, rec: dict[str, Any]) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.02))
+            if await request.is_disconnected():
+                rec["cancelled"] = True
+                raise asyncio.CancelledError
+
+    # -- the endpoint ---------------------------------------------------------------------
+    async def handle(self, request: Request) -> Response:
+        anthropic = request.url.path == "/v1/messages"
+        raw = await request.body()
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        rec = self._record(request, body)
+        self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
+        handed_off = False
+        try:
+            self._auth(request, anthropic)
+            if not isinstance(body, dict):
+                raise SimError(400, "We could not parse the JSON body of your request.",
+                               "invalid_request_error")
+            model = self._model(body)
+            job = shapes.build(request.url.path, body, model, self.knobs)
+            reset = await self._faults(request, rec)
+            self._quota(job.quota_tokens)
+            if self.knobs.latency_ms:
+                await self._wait(request, self.knobs.latency_ms / 1000, rec)
+            rec["status"] = 200
+            self._count(200)
+            if reset is not None:
+                return _Truncated(orjson.dumps(job.json_body())[:20])
+            if job.stream:
+                handed_off = True
+                return _Stream(self._stream(job, rec))
+            if self.knobs.tokens_per_sec:
+                await self._wait(request, job.completion_tokens / self.knobs.tokens_per_sec, rec)
+            rec["completed"] = True
+            return Response(orjson.dumps(job.json_body()), media_type="application/json")
+        except SimError as err:
+            rec["status"] = err.status
+            self._count(err.status)
+            return _error(err, anthropic)
+        finally:
+            if not handed_off:
+                self.inflight -= 1
+
+    async def _stream(self, job: shapes.Job, rec: dict[str, Any]) -> AsyncIterator[bytes]:
+        gap = 1 / self.knobs.tokens_per_sec if self.knobs.tokens_per_sec else 0.0
+        drop = self.knobs.faults.drop_after
+        sent = 0
+        try:
+            for event, is_content in job.events():
+                if is_content:
+                    if drop is not None and sent >= drop:
+                        raise _Drop
+                    sent += 1
+                    if gap:
+                        await asyncio.sleep(gap)
+                yield event
+            rec["completed"] = True
+        except asyncio.CancelledError:
+            rec["cancelled"] = True
+            raise
+        finally:
+            self.inflight -= 1
+
+    # -- control plane ----------------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        try:
+            self._auth(request, anthropic=False)
+        except SimError as err:
+            return _error(err, False)
+        data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "sim"}
+                for m in self.knobs.models]
+        return Response(orjson.dumps({"object": "list", "data": data}),
+                        media_type="application/json")
+
+    async def get_records(self, request: Request) -> Response:
+        path = request.query_params.get("path")
+        recs = [r for r in self.records if path is None or r["path"] == path]
+        return Response(orjson.dumps(recs, default=str), media_type="application/json")
+
+    async def clear(self, request: Request) -> Response:
+        self.records.clear()
+        self.counts.clear()
+        self.peak_inflight = self.inflight
+        return Response(b"{}", media_type="application/json")
+
+    async def set_faults(self, request: Request) -> Response:
+        data = orjson.loads(await request.body() or b"{}")
+        names = {f.name for f in fields(Faults)}
+        unknown = set(data) - names
+        if unknown:
+            return Response(orjson.dumps({"error": f"unknown fault fields: {sorted(unknown)}"}), 400)
+        if "paths" in data:
+            data["paths"] = tuple(data["paths"])
+        self.knobs.faults = Faults(**data)
+        return Response(orjson.dumps(asdict(self.knobs.faults)), media_type="application/json")
+
+    async def stats(self, request: Request) -> Response:
+        return Response(orjson.dumps({
+            "inflight": self.inflight, "peak_inflight": self.peak_inflight,
+            "statuses": self.counts, "records": len(self.records),
+            "cancelled": sum(1 for r in self.records if r["cancelled"]),
+        }), media_type="application/json")
+
+
+class _Drop(Exception):
+    """Raised inside a stream to break the connection off mid-body."""
+
+
+class _Stream(Response):
+    """SSE whose generator may `_Drop`: the connection then ends without its last chunk."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache")]
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        stream_task = asyncio.ensure_future(self._pump(send))
+        watch_task = asyncio.ensure_future(_until_disconnect(receive))
+        done, _ = await asyncio.wait({stream_task, watch_task},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        for task in (stream_task, watch_task):
+            if task not in done:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, _Drop):
+                    pass
+        if stream_task in done and stream_task.exception() is None:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _pump(self, send: Send) -> None:
+        try:
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        except _Drop:
+            return None  # leave the response unfinished: the server drops the connection
+        except OSError:
+            return None
+
+
+class _Truncated(Response):
+    """Announces a body, sends part of it, and stops: a connection reset mid-answer."""
+
+    def __init__(self, partial: bytes) -> None:
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", b"application/json"), (b"content-length", b"4096")]
+        self.partial = partial
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.partial, "more_body": True})
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error(err: SimError, anthropic: bool) -> Response:
+    if anthropic:
+        kinds = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+        body: dict[str, Any] = {"type": "error", "error": {
+            "type": kinds.get(err.status, "api_error" if err.status >= 500 else
+                              "invalid_request_error"), "message": err.message}}
+    else:
+        body = {"error": {"message": err.message, "type": err.kind, "param": None,
+                          "code": err.code}}
+    return Response(orjson.dumps(body), err.status, err.headers, media_type="application/json")
+
+
+def create_sim_app(knobs: SimKnobs) -> Starlette:
+    sim = Sim(knobs)
+    paths = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    if knobs.anthropic:
+        paths.append("/v1/messages")
+    routes = [Route(p, sim.handle, methods=["POST"]) for p in paths]
+    routes += [
+        Route("/v1/models", sim.models, methods=["GET"]),
+        Route("/_sim/records", sim.get_records, methods=["GET"]),
+        Route("/_sim/records", sim.clear, methods=["DELETE"]),
+        Route("/_sim/faults", sim.set_faults, methods=["PUT"]),
+        Route("/_sim/stats", sim.stats, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.sim = sim
+    return app

@@ -1,0 +1,262 @@
+"""The upstream HTTP client, behind one small interface.
+
+    UpstreamClient.send(path, body, stream) ──► Transport.request(...) ──► UpstreamResponse
+                                                   │
+                                  AiohttpTransport (default: measured fastest here)
+                                  HttpxTransport   (any httpx transport: MockTransport and
+                                                    ASGITransport in unit tests)
+
+Library exceptions never leave this module: they become `AttemptFailed` with a reason
+(`connect`, `timeout`, `reset`). Upstream credentials are added in exactly one place,
+`upstream_headers`: the domain's key is the only credential sent, and no client
+header is forwarded except a short allowlist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+import httpx
+
+from app.runtime import DomainSpec
+from app.upstream.attempt import AttemptFailed
+
+USER_AGENT = "tokengate/0.1"
+# Client headers that carry API semantics the upstream needs; nothing else is forwarded.
+FORWARDED = ("anthropic-version", "anthropic-beta", "openai-beta")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float
+    read: float
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: dict[str, str]
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    async def request(
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None, *, stream: bool
+    ) -> UpstreamResponse: ...
+
+    async def close(self) -> None: ...
+
+
+def upstream_headers(
+    domain: DomainSpec, request_id: str, client_headers: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    key = domain.api_key.get_secret_value()
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "user-agent": USER_AGENT,
+        "x-request-id": request_id,
+    }
+    if domain.api_style == "anthropic":
+        headers["x-api-key"] = key
+        headers["anthropic-version"] = "2023-06-01"
+    else:
+        headers["authorization"] = f"Bearer {key}"
+    if client_headers:
+        for name in FORWARDED:
+            value = client_headers.get(name)
+            if value is not None:
+                headers[name] = value
+    return headers
+
+
+class UpstreamClient:
+    """One pooled client per domain."""
+
+    def __init__(self, domain: DomainSpec, transport: Transport) -> None:
+        self.domain = domain
+        self.transport = transport
+
+    async def send(
+        self,
+        path: str,
+        body: bytes | None,
+        *,
+        stream: bool,
+        request_id: str,
+        method: str = "POST",
+        client_headers: Mapping[str, str] | None = None,
+    ) -> UpstreamResponse:
+        headers = upstream_headers(self.domain, request_id, client_headers)
+        if body is None:
+            headers.pop("content-type")
+        url = self.domain.api_base + path
+        return await self.transport.request(method, url, headers, body, stream=stream)
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+# -- aiohttp ------------------------------------------------------------------------
+
+
+class _AiohttpResponse:
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers = {k.lower(): v for k, v in resp.headers.items()}
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except BaseException as exc:
+            self._resp.close()
+            raise _translate_aiohttp(exc) from None
+        finally:
+            self._resp.release()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            self._resp.close()
+            raise _translate_aiohttp(exc) from None
+
+    async def close(self) -> None:
+        self._resp.close()
+
+
+def _translate_aiohttp(exc: BaseException) -> BaseException:
+    if isinstance(exc, AttemptFailed | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return AttemptFailed("connect", retryable=True, detail=str(exc.os_error))
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return AttemptFailed("timeout", retryable=True, detail="no answer in time")
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return AttemptFailed("reset", retryable=True, detail=type(exc).__name__)
+    return exc
+
+
+class AiohttpTransport:
+    def __init__(self, timeouts: Timeouts, total: float, pool_size: int) -> None:
+        self._timeouts = timeouts
+        self._total = total
+        self._pool_size = pool_size
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get(self) -> aiohttp.ClientSession:
+        # Created lazily so it binds to the running loop (each worker has its own).
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_size, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=30
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, skip_auto_headers=("User-Agent",), raise_for_status=False
+            )
+        return self._session
+
+    async def request(
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None, *, stream: bool
+    ) -> UpstreamResponse:
+        t = self._timeouts
+        timeout = aiohttp.ClientTimeout(
+            total=None if stream else self._total, sock_connect=t.connect, sock_read=t.read
+        )
+        try:
+            resp = await self._get().request(method, url, data=body, headers=headers, timeout=timeout)
+        except BaseException as exc:
+            raise _translate_aiohttp(exc) from None
+        return _AiohttpResponse(resp)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+# -- httpx ---------------------------------------------------------------------------
+
+
+class _HttpxResponse:
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+        self.status = resp.status_code
+        self.headers = {k.lower(): v for k, v in resp.headers.items()}
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.aread()
+        except httpx.HTTPError as exc:
+            raise _translate_httpx(exc) from None
+        finally:
+            await self._resp.aclose()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.aiter_bytes():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise _translate_httpx(exc) from None
+
+    async def close(self) -> None:
+        await self._resp.aclose()
+
+
+def _translate_httpx(exc: httpx.HTTPError) -> AttemptFailed:
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return AttemptFailed("connect", retryable=True, detail=type(exc).__name__)
+    if isinstance(exc, httpx.TimeoutException):
+        return AttemptFailed("timeout", retryable=True, detail="no answer in time")
+    return AttemptFailed("reset", retryable=True, detail=type(exc).__name__)
+
+
+class HttpxTransport:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        total: float,
+        pool_size: int,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._total = total
+        self._client = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(timeouts.read, connect=timeouts.connect),
+            limits=httpx.Limits(max_connections=pool_size, max_keepalive_connections=pool_size),
+        )
+
+    async def request(
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None, *, stream: bool
+    ) -> UpstreamResponse:
+        req = self._client.build_request(method, url, headers=headers, content=body)
+        try:
+            if stream:
+                resp = await self._client.send(req, stream=True)
+            else:
+                async with asyncio.timeout(self._total):
+                    resp = await self._client.send(req, stream=True)
+        except TimeoutError:
+            raise AttemptFailed("timeout", retryable=True, detail="no answer in time") from None
+        except httpx.HTTPError as exc:
+            raise _translate_httpx(exc) from None
+        return _HttpxResponse(resp)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def make_transport(
+    kind: str, timeouts: Timeouts, total: float, pool_size: int
+) -> Transport:
+    if kind == "httpx":
+        return HttpxTransport(timeouts, total, pool_size)
+    return AiohttpTransport(timeouts, total, pool_size)

@@ -1,0 +1,149 @@
+"""SSE relay: forward events as they arrive, read usage on the way.
+
+The relay works on whole events (split at the blank line), so an event the client
+must not see can be removed without corrupting the stream, and a partial event is
+held only until its end arrives. Per event it reads, without a full parse when it
+can: the content delta (to time the first token and estimate an interrupted
+stream), and `usage`. When the gateway itself added `stream_options.include_usage`,
+the usage-only chunk (empty `choices`) is captured and not forwarded.
+
+Anthropic's Messages stream (`event:` lines) carries usage in `message_start` and
+`message_delta`; the same relay reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.limits.estimate import TextCounter
+
+_SEP = b"\n\n"
+
+
+class SseRelay:
+    def __init__(self, *, strip_usage_chunk: bool) -> None:
+        self.strip = strip_usage_chunk
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.text = TextCounter()
+        self.model: str | None = None
+        self.saw_content = False
+        self.done = False
+        self.events = 0
+        self._tail = b""
+
+    @property
+    def has_usage(self) -> bool:
+        return self.completion_tokens is not None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to forward now (zero or more complete events)."""
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        data = self._tail + chunk if self._tail else chunk
+        end = data.rfind(_SEP)
+        if end < 0:
+            self._tail = data
+            return b""
+        self._tail = data[end + 2 :]
+        complete = data[: end + 2]
+        if not self.strip:
+            for event in complete.split(_SEP)[:-1]:
+                self._inspect(event)
+            return complete
+        kept = [event for event in complete.split(_SEP)[:-1] if self._inspect(event)]
+        return b"".join(e + _SEP for e in kept)
+
+    def finish(self) -> bytes:
+        """What is left when the upstream closed (a last event without its blank line)."""
+        tail, self._tail = self._tail, b""
+        if tail.strip() and self._inspect(tail.strip(b"\n")):
+            return tail.rstrip(b"\n") + _SEP
+        return b""
+
+    def _inspect(self, event: bytes) -> bool:
+        """Read one event; False if it must not be forwarded."""
+        self.events += 1
+        payload = _data_of(event)
+        if payload is None:
+            return True
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(obj, dict):
+            return True
+        return self._read(obj)
+
+    def _read(self, obj: dict[str, Any]) -> bool:
+        if self.model is None and isinstance(obj.get("model"), str):
+            self.model = obj["model"]
+        kind = obj.get("type")
+        if isinstance(kind, str):
+            self._read_anthropic(kind, obj)
+            return True
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict):
+                self._count(choice)
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            if self.strip and not obj.get("choices"):
+                return False
+        return True
+
+    def _count(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(text, str) and text:
+            self.saw_content = True
+            self.text.add(text)
+
+    def _read_anthropic(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "message_start":
+            message = obj.get("message") or {}
+            if isinstance(message.get("model"), str):
+                self.model = message["model"]
+            usage = message.get("usage") or {}
+            self.prompt_tokens = _int(usage.get("input_tokens"))
+        elif kind == "content_block_delta":
+            text = (obj.get("delta") or {}).get("text")
+            if isinstance(text, str) and text:
+                self.saw_content = True
+                self.text.add(text)
+        elif kind == "message_delta":
+            usage = obj.get("usage") or {}
+            self.completion_tokens = _int(usage.get("output_tokens"))
+            if usage.get("input_tokens") is not None:
+                self.prompt_tokens = _int(usage.get("input_tokens"))
+        elif kind == "message_stop":
+            self.done = True
+
+    def _take_usage(self, prompt: Any, completion: Any) -> None:
+        self.prompt_tokens = _int(prompt)
+        self.completion_tokens = _int(completion)
+
+
+def _data_of(event: bytes) -> bytes | None:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def error_event(message: str, code: str, *, anthropic: bool = False) -> bytes:
+    """The event that ends a stream the upstream broke off (the SDKs raise on it)."""
+    if anthropic:
+        body = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + orjson.dumps(body) + _SEP
+    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + orjson.dumps(err) + _SEP
