@@ -40,7 +40,8 @@ class KeyIndex:
         presented = _bearer(authorization) or (api_key or "").strip()
         if not presented:
             raise AuthenticationFailed(
-                "Missing API key: send `Authorization: Bearer <gateway key>`.", code="missing_api_key"
+                "Missing API key: send `Authorization: Bearer <gateway key>`.",
+                code="missing_api_key",
             )
         wanted = digest(presented)
         spec = self._by_digest.get(wanted)

@@ -23,7 +23,10 @@ def load_runtime(
     files = files or default_files()
     settings = load_settings(files)
     return compile_runtime(
-        settings, os.environ, no_auth=no_auth, workers=workers,
+        settings,
+        os.environ,
+        no_auth=no_auth,
+        workers=workers,
         source=f"{files.settings} / {files.config}",
     )
 
@@ -43,7 +46,9 @@ def secrets_of(runtime: Runtime) -> list[str]:
 def setup_process(runtime: Runtime) -> None:
     setup_logging(runtime.settings.logging, secrets_of(runtime), runtime.source)
     if not runtime.auth_enabled:
-        warning = ("AUTHENTICATION IS OFF (--no-auth): anyone who can reach this port can spend "
-                   "the upstream quota. Use only on a trusted network.")
+        warning = (
+            "AUTHENTICATION IS OFF (--no-auth): anyone who can reach this port can spend "
+            "the upstream quota. Use only on a trusted network."
+        )
         log.warning(warning)
         print(f"tokengate: WARNING: {warning}", file=sys.stderr)  # noqa: T201

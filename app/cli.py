@@ -26,7 +26,9 @@ def _files(args: argparse.Namespace) -> ConfigFiles:
 
 
 def _add_files(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="config.toml (default: $TOKENGATE_CONFIG or config/config.toml)")
+    p.add_argument(
+        "--config", help="config.toml (default: $TOKENGATE_CONFIG or config/config.toml)"
+    )
     p.add_argument(
         "--settings", help="settings.json (default: $TOKENGATE_SETTINGS or config/settings.json)"
     )
@@ -40,9 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_files(serve)
     serve.add_argument("--host", default=os.environ.get("TOKENGATE_HOST", "127.0.0.1"))
     serve.add_argument("--port", type=int, default=int(os.environ.get("TOKENGATE_PORT", "8080")))
-    serve.add_argument(
-        "--workers", type=int, default=int(os.environ.get("TOKENGATE_WORKERS", "1"))
-    )
+    serve.add_argument("--workers", type=int, default=int(os.environ.get("TOKENGATE_WORKERS", "1")))
     serve.add_argument(
         "--no-auth", action="store_true", help="serve without gateway keys (trusted networks only)"
     )
@@ -82,7 +82,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sim":
         from app.sim.cli import run as run_sim
 
-        return run_sim(args)
+        code: int = run_sim(args)
+        return code
     if args.command == "check":
         from app.check import run_check
 
@@ -116,7 +117,9 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ["TOKENGATE_WORKERS"] = str(args.workers)
     os.environ["TOKENGATE_NO_AUTH"] = "1" if args.no_auth else "0"
     own_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    prom_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="tokengate-prom-")
+    prom_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+        prefix="tokengate-prom-"
+    )
     for stale in Path(prom_dir).glob("*.db"):
         stale.unlink()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir

@@ -138,8 +138,10 @@ class Gateway:
         if isinstance(self.store, RedisStore):
             mode = "shared through Redis by every replica and worker"
         elif self.admission.divisor > 1:
-            mode = (f"split per worker: each of {self.admission.divisor} workers enforces "
-                    f"1/{self.admission.divisor} of every limit (set TOKENGATE_REDIS_URL to share)")
+            mode = (
+                f"split per worker: each of {self.admission.divisor} workers enforces "
+                f"1/{self.admission.divisor} of every limit (set TOKENGATE_REDIS_URL to share)"
+            )
         else:
             mode = "in-process"
         log.info("per-key limits: %s", mode)
@@ -151,9 +153,13 @@ class Gateway:
 
     async def close(self) -> None:
         self.begin_drain()
-        deadline = time.monotonic() + self.runtime.settings.server.drain_timeout_sec
-        while time.monotonic() < deadline and not all(d.dispatcher.idle for d in self.domains):
-            await asyncio.sleep(0.05)
+        timeout = self.runtime.settings.server.drain_timeout_sec
+        waits = [d.dispatcher.wait_idle() for d in self.domains]
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*waits)
+        except TimeoutError:
+            log.warning("drain timeout (%.0fs) reached with work still in flight", timeout)
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)

@@ -22,9 +22,7 @@ import orjson
 from app.config.errors import ConfigError, Problem
 from app.config.schema import LoggingConfig
 
-_TOKEN_SHAPES = re.compile(
-    r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{6,}|\b(sk|tg|tk)-[A-Za-z0-9_-]{8,}"
-)
+_TOKEN_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{6,}|\b(sk|tg|tk)-[A-Za-z0-9_-]{8,}")
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 
 
@@ -86,12 +84,28 @@ def _stream_for(output: str, source: str) -> logging.Handler:
     path = Path(output)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise ConfigError([Problem(source, "logging.output", f"directory {parent} does not exist",
-                                   f"create it, or set logging.output to stdout/stderr "
-                                   f"(TOKENGATE_LOGGING__OUTPUT=stderr)")])
+        raise ConfigError(
+            [
+                Problem(
+                    source,
+                    "logging.output",
+                    f"directory {parent} does not exist",
+                    "create it, or set logging.output to stdout/stderr "
+                    "(TOKENGATE_LOGGING__OUTPUT=stderr)",
+                )
+            ]
+        )
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError([Problem(source, "logging.output", f"{path} is not writable",
-                                   "fix its permissions, or set logging.output to stdout/stderr")])
+        raise ConfigError(
+            [
+                Problem(
+                    source,
+                    "logging.output",
+                    f"{path} is not writable",
+                    "fix its permissions, or set logging.output to stdout/stderr",
+                )
+            ]
+        )
     return logging.FileHandler(path, encoding="utf-8")
 
 

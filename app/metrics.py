@@ -40,7 +40,7 @@ def multiprocess_enabled() -> bool:
 def mark_process_dead(pid: int) -> None:
     """Drop a dead worker's live gauges (called by the supervisor, if any)."""
     if multiprocess_enabled():
-        _mp.mark_process_dead(pid)
+        _mp.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
 class Metrics:
@@ -50,80 +50,121 @@ class Metrics:
         self._children: dict[tuple[Any, ...], Any] = {}
         r = registry
         self.requests = Counter(
-            "tokengate_requests", "Requests answered, by serving domain, model and HTTP status.",
-            ["domain", "model", "status"], registry=r,
+            "tokengate_requests",
+            "Requests answered, by serving domain, model and HTTP status.",
+            ["domain", "model", "status"],
+            registry=r,
         )
         self.tokens = Counter(
-            "tokengate_tokens", "Tokens counted from upstream usage (kind = prompt|completion).",
-            ["key", "model", "kind"], registry=r,
+            "tokengate_tokens",
+            "Tokens counted from upstream usage (kind = prompt|completion).",
+            ["key", "model", "kind"],
+            registry=r,
         )
         self.failed_tokens = Counter(
             "tokengate_failed_tokens",
             "Tokens consumed by attempts that failed (interrupted streams, errors after usage).",
-            ["key", "model", "kind"], registry=r,
+            ["key", "model", "kind"],
+            registry=r,
         )
         self.duration = Histogram(
             "tokengate_request_duration_seconds",
             "Time from request arrival to the last byte of the answer.",
-            ["domain", "model"], buckets=_LATENCY, registry=r,
+            ["domain", "model"],
+            buckets=_LATENCY,
+            registry=r,
         )
         self.ttft = Histogram(
             "tokengate_time_to_first_token_seconds",
             "Time from request arrival to the first streamed content chunk.",
-            ["domain", "model"], buckets=_LATENCY, registry=r,
+            ["domain", "model"],
+            buckets=_LATENCY,
+            registry=r,
         )
         self.queue_depth = Gauge(
-            "tokengate_queue_depth", "Requests waiting in a domain's queue.",
-            ["domain"], registry=r, multiprocess_mode="livesum",
+            "tokengate_queue_depth",
+            "Requests waiting in a domain's queue.",
+            ["domain"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.queue_wait = Histogram(
-            "tokengate_queue_wait_seconds", "Time a request waited for a dispatch slot.",
-            ["domain"], buckets=_QUEUE, registry=r,
+            "tokengate_queue_wait_seconds",
+            "Time a request waited for a dispatch slot.",
+            ["domain"],
+            buckets=_QUEUE,
+            registry=r,
         )
         self.inflight = Gauge(
-            "tokengate_inflight", "Upstream requests in flight (streams count until they end).",
-            ["domain"], registry=r, multiprocess_mode="livesum",
+            "tokengate_inflight",
+            "Upstream requests in flight (streams count until they end).",
+            ["domain"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.batch = Histogram(
-            "tokengate_batch_size", "Requests released upstream per dispatch group.",
-            ["domain"], buckets=_BATCH, registry=r,
+            "tokengate_batch_size",
+            "Requests released upstream per dispatch group.",
+            ["domain"],
+            buckets=_BATCH,
+            registry=r,
         )
         self.retries = Counter(
-            "tokengate_upstream_retries", "Upstream retries, by the failure that caused them.",
-            ["domain", "reason"], registry=r,
+            "tokengate_upstream_retries",
+            "Upstream retries, by the failure that caused them.",
+            ["domain", "reason"],
+            registry=r,
         )
         self.attempts = Counter(
-            "tokengate_upstream_attempts", "Upstream attempts, by outcome.",
-            ["domain", "outcome"], registry=r,
+            "tokengate_upstream_attempts",
+            "Upstream attempts, by outcome.",
+            ["domain", "outcome"],
+            registry=r,
         )
         self.rate_limited = Counter(
-            "tokengate_rate_limited", "Requests refused by a per-key limit (limit = requests|tokens).",
-            ["key", "limit"], registry=r,
+            "tokengate_rate_limited",
+            "Requests refused by a per-key limit (limit = requests|tokens).",
+            ["key", "limit"],
+            registry=r,
         )
         self.upstream_up = Gauge(
-            "tokengate_upstream_up", "1 when the domain's upstream is healthy and its circuit closed.",
-            ["domain"], registry=r, multiprocess_mode="livemin",
+            "tokengate_upstream_up",
+            "1 when the domain's upstream is healthy and its circuit closed.",
+            ["domain"],
+            registry=r,
+            multiprocess_mode="livemin",
         )
         self.breaker_open = Gauge(
-            "tokengate_circuit_open", "1 while a domain's circuit breaker is open.",
-            ["domain"], registry=r, multiprocess_mode="livemax",
+            "tokengate_circuit_open",
+            "1 while a domain's circuit breaker is open.",
+            ["domain"],
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.stream_errors = Counter(
-            "tokengate_stream_errors", "Streams that ended with an error event after starting.",
-            ["domain", "reason"], registry=r,
+            "tokengate_stream_errors",
+            "Streams that ended with an error event after starting.",
+            ["domain", "reason"],
+            registry=r,
         )
         self.fallbacks = Counter(
-            "tokengate_fallbacks", "Requests served by a fallback model.",
-            ["model", "fallback"], registry=r,
+            "tokengate_fallbacks",
+            "Requests served by a fallback model.",
+            ["model", "fallback"],
+            registry=r,
         )
         self.redis_up = Gauge(
-            "tokengate_redis_up", "1 when the shared-state Redis answers (absent without Redis).",
-            registry=r, multiprocess_mode="livemin",
+            "tokengate_redis_up",
+            "1 when the shared-state Redis answers (absent without Redis).",
+            registry=r,
+            multiprocess_mode="livemin",
         )
         self.route_unresolved = Gauge(
             "tokengate_route_unresolved",
             "1 when a routed or aliased model is listed by no domain's /v1/models.",
-            ["model"], registry=r, multiprocess_mode="livemax",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
         )
 
     # -- label hygiene -------------------------------------------------------------
@@ -162,7 +203,9 @@ class Metrics:
         if completion:
             self._child(self.tokens, key, m, "completion").inc(completion)
 
-    def record_failed_usage(self, key: str, model: str | None, prompt: int, completion: int) -> None:
+    def record_failed_usage(
+        self, key: str, model: str | None, prompt: int, completion: int
+    ) -> None:
         m = self.model_label(model)
         if prompt:
             self._child(self.failed_tokens, key, m, "prompt").inc(prompt)
@@ -210,7 +253,7 @@ class Metrics:
     def render(self) -> bytes:
         if multiprocess_enabled():
             registry = CollectorRegistry()
-            _mp.MultiProcessCollector(registry)
+            _mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
         return generate_latest(self.registry)
 

@@ -22,10 +22,12 @@ log = logging.getLogger("tokengate.errors")
 
 def render(exc: GatewayError) -> Response:
     if isinstance(exc, UpstreamRejected):
-        return Response(exc.raw_body, exc.status, exc.response_headers(),
-                        media_type=exc.content_type)
-    return Response(orjson.dumps(exc.body()), exc.status, exc.response_headers(),
-                    media_type="application/json")
+        return Response(
+            exc.raw_body, exc.status, exc.response_headers(), media_type=exc.content_type
+        )
+    return Response(
+        orjson.dumps(exc.body()), exc.status, exc.response_headers(), media_type="application/json"
+    )
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
@@ -37,7 +39,9 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    return render(InvalidRequest(f"{loc}: {first.get('msg', 'invalid request')}", param=loc or None))
+    return render(
+        InvalidRequest(f"{loc}: {first.get('msg', 'invalid request')}", param=loc or None)
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -19,7 +19,9 @@ from app.runtime import KeySpec
 router = APIRouter()
 
 
-async def _proxy(request: Request, gateway: Gateway, caller: KeySpec, endpoint: Endpoint) -> Response:
+async def _proxy(
+    request: Request, gateway: Gateway, caller: KeySpec, endpoint: Endpoint
+) -> Response:
     started = time.perf_counter()
     raw = await read_body(request, gateway.runtime.settings.server.max_body_bytes)
     call = parse_call(endpoint, raw, caller, request_id(request), request.headers, started)

@@ -33,8 +33,11 @@ class SseResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send(
-                {"type": "http.response.start", "status": self.status_code,
-                 "headers": self.raw_headers}
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
             )
             async for chunk in self.answer.body():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

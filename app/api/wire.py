@@ -41,8 +41,9 @@ def _opt_int(body: dict[str, Any], name: str, lo: int, hi: int | None = None) ->
         raise InvalidRequest(f"'{name}' must be an integer", param=name, code="invalid_type")
     if value < lo or (hi is not None and value > hi):
         bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
-        raise InvalidRequest(f"'{name}' must be {bound} (got {value})", param=name,
-                             code="invalid_value")
+        raise InvalidRequest(
+            f"'{name}' must be {bound} (got {value})", param=name, code="invalid_value"
+        )
     return value
 
 
@@ -57,20 +58,25 @@ def _model(body: dict[str, Any]) -> str | None:
     if model is None:
         return None
     if not isinstance(model, str) or not model.strip():
-        raise InvalidRequest("'model' must be a non-empty string", param="model",
-                             code="invalid_type")
+        raise InvalidRequest(
+            "'model' must be a non-empty string", param="model", code="invalid_type"
+        )
     return model
 
 
 def _messages(body: dict[str, Any]) -> list[Any]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty array", param="messages",
-                             code="invalid_type")
+        raise InvalidRequest(
+            "'messages' must be a non-empty array", param="messages", code="invalid_type"
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidRequest(f"'messages[{i}]' must be an object with a string 'role'",
-                                 param=f"messages[{i}]", code="invalid_type")
+            raise InvalidRequest(
+                f"'messages[{i}]' must be an object with a string 'role'",
+                param=f"messages[{i}]",
+                code="invalid_type",
+            )
     return messages
 
 
@@ -87,8 +93,9 @@ def _text_input(body: dict[str, Any], name: str) -> Any:
     value = body.get(name)
     if isinstance(value, str) or (isinstance(value, list) and value):
         return value
-    raise InvalidRequest(f"'{name}' must be a string or a non-empty array", param=name,
-                         code="invalid_type")
+    raise InvalidRequest(
+        f"'{name}' must be a string or a non-empty array", param=name, code="invalid_type"
+    )
 
 
 def parse_call(
@@ -124,7 +131,16 @@ def parse_call(
     else:  # pragma: no cover - the routes only pass the endpoints above
         raise AssertionError(endpoint)
     return ProxyCall(
-        endpoint=endpoint, key=key, request_id=request_id, raw=raw, body=body, model=model,
-        stream=stream, max_tokens=max_tokens, prompt_tokens=prompt, choices=choices,
-        client_headers=headers, started=started,
+        endpoint=endpoint,
+        key=key,
+        request_id=request_id,
+        raw=raw,
+        body=body,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        prompt_tokens=prompt,
+        choices=choices,
+        client_headers=headers,
+        started=started,
     )

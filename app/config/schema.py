@@ -44,7 +44,8 @@ class TokenSchedulerConfig(Section):
     )
     api_key_env: str = Field(
         "TAOTOKEN_API_KEY",
-        description="Environment variable holding the default upstream key. Keys never live in files.",
+        description="Environment variable holding the default upstream key. "
+        "Keys never live in files.",
     )
     timeout_ms: PositiveInt = Field(
         30000,
@@ -66,7 +67,8 @@ class TokenSchedulerConfig(Section):
         ge=1,
         le=4096,
         description="Most queued requests a domain releases upstream in one dispatch group. "
-        "Too large makes a group wait to fill: lower it (64 -> 16/32) when dispatch latency is high.",
+        "Too large makes a group wait to fill: lower it (64 -> 16/32) when dispatch latency "
+        "is high.",
     )
     batch_window_ms: float = Field(
         2.0,
@@ -146,9 +148,7 @@ class ScaleOutConfig(Section):
 
 
 class LoggingConfig(Section):
-    level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level."
-    )
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     output: str = Field(
         "stderr",
         description="`stdout`, `stderr` or a file path; the directory must exist and be writable.",
@@ -166,9 +166,7 @@ class LoggingConfig(Section):
 
 
 class ModelRouteConfig(Section):
-    default: str | None = Field(
-        None, description="Model used when a request names none."
-    )
+    default: str | None = Field(None, description="Model used when a request names none.")
     fallback: str | list[str] | None = Field(
         None,
         description="Model(s) tried, in order, when the requested model's attempts are "

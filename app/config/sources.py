@@ -162,7 +162,9 @@ def load_settings(files: ConfigFiles) -> Settings:
             ]
         ) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError([Problem("config files", "-", f"not UTF-8: {exc}", "save as UTF-8")])
+        raise ConfigError(
+            [Problem("config files", "-", f"not UTF-8: {exc}", "save as UTF-8")]
+        ) from None
     return settings
 
 

@@ -65,6 +65,8 @@ class Dispatcher:
         self.clock = clock
         self.inflight = 0
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._task: asyncio.Task[None] | None = None
         self._drain = _DrainRate(clock)
 
@@ -84,6 +86,12 @@ class Dispatcher:
     @property
     def idle(self) -> bool:
         return self.inflight == 0 and len(self.queue) == 0
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is queued or in flight (graceful drain)."""
+        while not self.idle:
+            self._idle.clear()
+            await self._idle.wait()
 
     # -- requests' side -----------------------------------------------------------------
     async def acquire(self, key: str, priority: str, cost: int) -> Slot:
@@ -132,6 +140,8 @@ class Dispatcher:
     def _forget(self, job: Job) -> None:
         self.queue.cancel(job)
         self.metrics.set_queue_depth(self.domain, len(self.queue))
+        if self.idle:
+            self._idle.set()
 
     def drain_estimate(self) -> float:
         """Seconds until the queue ahead of a newcomer drains, from the observed rate."""
@@ -149,6 +159,8 @@ class Dispatcher:
         self.metrics.set_inflight(self.domain, self.inflight)
         if len(self.queue):
             self._wake.set()
+        elif self.inflight == 0:
+            self._idle.set()
 
     # -- the loop --------------------------------------------------------------------------
     async def _run(self) -> None:

@@ -12,7 +12,9 @@ class Job:
     priority: str
     cost: int
     enqueued_at: float
-    granted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    granted: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     cancelled: bool = False
     in_queue: bool = False
 

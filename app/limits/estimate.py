@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f]")
+_CJK = re.compile(
+    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f]"
+)
 MESSAGE_OVERHEAD = 4
 REPLY_PRIMER = 3
 

@@ -181,7 +181,8 @@ class RedisStore:
         self._backlog.add(entry)
 
     async def usage(self) -> list[LedgerRow]:
-        members = sorted(await self._client.smembers(f"{self.prefix}ledger-index"))
+        raw = await self._client.smembers(f"{self.prefix}ledger-index")
+        members = sorted(str(m) for m in raw)
         rows: list[LedgerRow] = []
         for member in members:
             alias, _, model = member.partition("\t")

@@ -94,12 +94,18 @@ class StreamAnswer:
                 yield out
             if not relay.done and not relay.has_usage:
                 outcome = "truncated"
-                yield error_event("the upstream closed the stream early", "stream_interrupted",
-                                  anthropic=self._call.endpoint.anthropic)
+                yield error_event(
+                    "the upstream closed the stream early",
+                    "stream_interrupted",
+                    anthropic=self._call.endpoint.anthropic,
+                )
         except AttemptFailed as failure:
             outcome = failure.reason
-            yield error_event(f"the upstream stream broke off ({failure.reason})",
-                              "stream_interrupted", anthropic=self._call.endpoint.anthropic)
+            yield error_event(
+                f"the upstream stream broke off ({failure.reason})",
+                "stream_interrupted",
+                anthropic=self._call.endpoint.anthropic,
+            )
         except BaseException:
             status, outcome = 499, "client_closed"
             raise
@@ -125,7 +131,9 @@ class StreamAnswer:
     def _settle(self, status: int, outcome: str | None) -> None:
         relay, trace = self.relay, self._trace
         trace.model = relay.model or trace.attempts[-1].model
-        prompt = relay.prompt_tokens if relay.prompt_tokens is not None else self._call.prompt_tokens
+        prompt = (
+            relay.prompt_tokens if relay.prompt_tokens is not None else self._call.prompt_tokens
+        )
         if relay.has_usage:
             completion = relay.completion_tokens or 0
         else:

@@ -29,7 +29,9 @@ class Endpoint:
 CHAT = Endpoint("chat", "/v1/chat/completions", streamable=True)
 COMPLETIONS = Endpoint("completions", "/v1/completions", streamable=True)
 EMBEDDINGS = Endpoint("embeddings", "/v1/embeddings", streamable=False)
-MESSAGES = Endpoint("messages", "/v1/messages", streamable=True, anthropic=True, usage_in_stream=False)
+MESSAGES = Endpoint(
+    "messages", "/v1/messages", streamable=True, anthropic=True, usage_in_stream=False
+)
 
 
 @dataclass
@@ -72,5 +74,8 @@ class ProxyCall:
         body["model"] = model
         if inject:
             opts = body.get("stream_options")
-            body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+            body["stream_options"] = {
+                **(opts if isinstance(opts, dict) else {}),
+                "include_usage": True,
+            }
         return orjson.dumps(body)

@@ -81,7 +81,11 @@ class Proxy:
     # -- the entry point ----------------------------------------------------------
     async def handle(self, call: ProxyCall) -> Answer:
         trace = Trace(
-            call.request_id, call.key.alias, call.endpoint.name, call.model, call.stream,
+            call.request_id,
+            call.key.alias,
+            call.endpoint.name,
+            call.model,
+            call.stream,
             call.started or self.clock(),
         )
         try:
@@ -201,7 +205,10 @@ class Proxy:
 
     async def _send(self, call: ProxyCall, domain: Domain, body: bytes) -> Reply:
         resp = await domain.client.send(
-            call.endpoint.path, body, stream=call.stream, request_id=call.request_id,
+            call.endpoint.path,
+            body,
+            stream=call.stream,
+            request_id=call.request_id,
             client_headers=call.client_headers,
         )
         if resp.status >= 300:
@@ -229,9 +236,7 @@ class Proxy:
     # -- errors --------------------------------------------------------------------------
     def _no_domain(self, model: str, candidates: list[Domain]) -> ServiceUnavailable:
         states = ", ".join(f"{d.name}: {d.state()}" for d in candidates)
-        wait = min(
-            (d.breaker.cfg.open_sec for d in candidates if d.breaker.is_open), default=5.0
-        )
+        wait = min((d.breaker.cfg.open_sec for d in candidates if d.breaker.is_open), default=5.0)
         return ServiceUnavailable(
             f"no healthy domain serves model '{model}' ({states})",
             code="no_healthy_domain",
@@ -316,7 +321,9 @@ class Proxy:
             failed_completion_tokens=failed[1],
         )
         self.spawn(self.admission.settle(ticket, entry, dispatched=trace.dispatched))
-        self.metrics.record_usage(call.key.alias, model, entry.prompt_tokens, entry.completion_tokens)
+        self.metrics.record_usage(
+            call.key.alias, model, entry.prompt_tokens, entry.completion_tokens
+        )
         self.metrics.record_failed_usage(call.key.alias, model, *failed)
         self._log(trace, status, exc)
 
@@ -327,8 +334,9 @@ class Proxy:
         elif exc is not None:
             trace.error = type(exc).__name__
         seconds = self.clock() - trace.started
-        self.metrics.record_request(trace.domain or "-", trace.model or trace.requested_model,
-                                    status, seconds)
+        self.metrics.record_request(
+            trace.domain or "-", trace.model or trace.requested_model, status, seconds
+        )
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
 

@@ -18,8 +18,13 @@ class Attempt:
     ms: float
 
     def as_dict(self) -> dict[str, object]:
-        return {"n": self.n, "domain": self.domain, "model": self.model,
-                "outcome": self.outcome, "ms": round(self.ms, 2)}
+        return {
+            "n": self.n,
+            "domain": self.domain,
+            "model": self.model,
+            "outcome": self.outcome,
+            "ms": round(self.ms, 2),
+        }
 
 
 @dataclass

@@ -11,17 +11,27 @@ from app.sim.knobs import Faults, SimKnobs
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9090)
-    p.add_argument("--models", default="claude-sonnet,gpt-4o,text-embedding-3-small",
-                   help="comma-separated model ids it serves")
-    p.add_argument("--api-key", default=os.environ.get("TOKENGATE_SIM_API_KEY"),
-                   help="the only key it accepts (default $TOKENGATE_SIM_API_KEY; unset = any)")
+    p.add_argument(
+        "--models",
+        default="claude-sonnet,gpt-4o,text-embedding-3-small",
+        help="comma-separated model ids it serves",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TOKENGATE_SIM_API_KEY"),
+        help="the only key it accepts (default $TOKENGATE_SIM_API_KEY; unset = any)",
+    )
     p.add_argument("--latency-ms", type=float, default=0.0, help="delay before the first byte")
     p.add_argument("--tokens-per-sec", type=float, default=0.0, help="generation speed (0 = max)")
     p.add_argument("--reply-tokens", type=int, default=16, help="completion length")
     p.add_argument("--rpm", type=int, help="its own requests/min quota (429 past it)")
     p.add_argument("--tpm", type=int, help="its own tokens/min quota (429 past it)")
-    p.add_argument("--quota-window-sec", type=float, default=60.0,
-                   help="burst window of the quota (shorter = smaller burst)")
+    p.add_argument(
+        "--quota-window-sec",
+        type=float,
+        default=60.0,
+        help="burst window of the quota (shorter = smaller burst)",
+    )
     p.add_argument("--fail-status", type=int, default=500, help="status of injected failures")
     p.add_argument("--fail-rate", type=float, default=0.0, help="probability of a failure")
     p.add_argument("--fail-next", type=int, default=0, help="fail the next N requests")
@@ -43,8 +53,12 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         quota_window_sec=args.quota_window_sec,
         record=not args.no_record,
         faults=Faults(
-            status=args.fail_status, count=args.fail_next, rate=args.fail_rate,
-            retry_after=args.fail_retry_after, stall_ms=args.stall_ms, drop_after=args.drop_after,
+            status=args.fail_status,
+            count=args.fail_next,
+            rate=args.fail_rate,
+            retry_after=args.fail_retry_after,
+            stall_ms=args.stall_ms,
+            drop_after=args.drop_after,
         ),
     )
 
@@ -55,8 +69,17 @@ def run(args: argparse.Namespace) -> int:
     from app.sim.server import create_sim_app
 
     app = create_sim_app(knobs_from(args))
-    print(f"tokengate sim: OpenAI-compatible upstream on http://{args.host}:{args.port}/v1",  # noqa: T201
-          flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools",
-                access_log=False, log_level="warning")
+    print(
+        f"tokengate sim: OpenAI-compatible upstream on http://{args.host}:{args.port}/v1",
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+    )
     return 0

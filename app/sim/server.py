@@ -32,8 +32,14 @@ from app.sim.quota import Quota
 
 
 class SimError(Exception):
-    def __init__(self, status: int, message: str, kind: str, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.code = status, message, kind, code
         self.headers = headers or {}
@@ -54,9 +60,14 @@ class Sim:
     def _record(self, request: Request, body: Any) -> dict[str, Any]:
         self._seq += 1
         rec: dict[str, Any] = {
-            "seq": self._seq, "path": request.url.path, "method": request.method,
+            "seq": self._seq,
+            "path": request.url.path,
+            "method": request.method,
             "headers": {k.lower(): v for k, v in request.headers.items()},
-            "body": body, "status": None, "cancelled": False, "completed": False,
+            "body": body,
+            "status": None,
+            "cancelled": False,
+            "completed": False,
             "at": time.time(),
         }
         if self.knobs.record:
@@ -73,29 +84,39 @@ class Sim:
             scheme, _, value = request.headers.get("authorization", "").partition(" ")
             presented = value.strip() if scheme.lower() == "bearer" else ""
         if not presented:
-            raise SimError(401, "You didn't provide an API key.", "invalid_request_error",
-                           "missing_api_key")
+            raise SimError(
+                401, "You didn't provide an API key.", "invalid_request_error", "missing_api_key"
+            )
         if self.knobs.api_key is not None and presented != self.knobs.api_key:
-            raise SimError(401, "Incorrect API key provided.", "invalid_request_error",
-                           "invalid_api_key")
+            raise SimError(
+                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            )
 
     def _model(self, body: dict[str, Any]) -> str:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise SimError(400, "you must provide a model parameter", "invalid_request_error")
         if model not in self.knobs.models:
-            raise SimError(404, f"The model `{model}` does not exist or you do not have access "
-                           "to it.", "invalid_request_error", "model_not_found")
+            raise SimError(
+                404,
+                f"The model `{model}` does not exist or you do not have access to it.",
+                "invalid_request_error",
+                "model_not_found",
+            )
         return model
 
     def _quota(self, tokens: int) -> None:
         wait = self.quota.take(tokens, time.monotonic())
         if wait is not None:
             raise SimError(
-                429, f"Rate limit reached; please try again in {wait:.3f}s.", "requests",
+                429,
+                f"Rate limit reached; please try again in {wait:.3f}s.",
+                "requests",
                 "rate_limit_exceeded",
-                {"retry-after": str(max(1, int(wait + 0.999))),
-                 "retry-after-ms": str(max(1, int(wait * 1000 + 0.999)))},
+                {
+                    "retry-after": str(max(1, int(wait + 0.999))),
+                    "retry-after-ms": str(max(1, int(wait * 1000 + 0.999))),
+                },
             )
 
     async def _faults(self, request: Request, rec: dict[str, Any]) -> Faults | None:
@@ -109,8 +130,10 @@ class Sim:
                 return f
             headers = {}
             if f.retry_after is not None:
-                headers = {"retry-after": str(max(0, int(f.retry_after + 0.999))),
-                           "retry-after-ms": str(int(f.retry_after * 1000))}
+                headers = {
+                    "retry-after": str(max(0, int(f.retry_after + 0.999))),
+                    "retry-after-ms": str(int(f.retry_after * 1000)),
+                }
             raise SimError(f.status, f"injected fault ({f.status})", "server_error", None, headers)
         return None
 
@@ -137,8 +160,11 @@ class Sim:
         try:
             self._auth(request, anthropic)
             if not isinstance(body, dict):
-                raise SimError(400, "We could not parse the JSON body of your request.",
-                               "invalid_request_error")
+                raise SimError(
+                    400,
+                    "We could not parse the JSON body of your request.",
+                    "invalid_request_error",
+                )
             model = self._model(body)
             job = shapes.build(request.url.path, body, model, self.knobs)
             reset = await self._faults(request, rec)
@@ -190,10 +216,13 @@ class Sim:
             self._auth(request, anthropic=False)
         except SimError as err:
             return _error(err, False)
-        data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "sim"}
-                for m in self.knobs.models]
-        return Response(orjson.dumps({"object": "list", "data": data}),
-                        media_type="application/json")
+        data = [
+            {"id": m, "object": "model", "created": 1700000000, "owned_by": "sim"}
+            for m in self.knobs.models
+        ]
+        return Response(
+            orjson.dumps({"object": "list", "data": data}), media_type="application/json"
+        )
 
     async def get_records(self, request: Request) -> Response:
         path = request.query_params.get("path")
@@ -211,18 +240,27 @@ class Sim:
         names = {f.name for f in fields(Faults)}
         unknown = set(data) - names
         if unknown:
-            return Response(orjson.dumps({"error": f"unknown fault fields: {sorted(unknown)}"}), 400)
+            return Response(
+                orjson.dumps({"error": f"unknown fault fields: {sorted(unknown)}"}), 400
+            )
         if "paths" in data:
             data["paths"] = tuple(data["paths"])
         self.knobs.faults = Faults(**data)
         return Response(orjson.dumps(asdict(self.knobs.faults)), media_type="application/json")
 
     async def stats(self, request: Request) -> Response:
-        return Response(orjson.dumps({
-            "inflight": self.inflight, "peak_inflight": self.peak_inflight,
-            "statuses": self.counts, "records": len(self.records),
-            "cancelled": sum(1 for r in self.records if r["cancelled"]),
-        }), media_type="application/json")
+        return Response(
+            orjson.dumps(
+                {
+                    "inflight": self.inflight,
+                    "peak_inflight": self.peak_inflight,
+                    "statuses": self.counts,
+                    "records": len(self.records),
+                    "cancelled": sum(1 for r in self.records if r["cancelled"]),
+                }
+            ),
+            media_type="application/json",
+        )
 
 
 class _Drop(Exception):
@@ -235,16 +273,17 @@ class _Stream(Response):
     def __init__(self, events: AsyncIterator[bytes]) -> None:
         self.status_code = 200
         self.background = None
-        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                            (b"cache-control", b"no-cache")]
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
         self.events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         stream_task = asyncio.ensure_future(self._pump(send))
         watch_task = asyncio.ensure_future(_until_disconnect(receive))
-        done, _ = await asyncio.wait({stream_task, watch_task},
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({stream_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
         for task in (stream_task, watch_task):
             if task not in done:
                 task.cancel()
@@ -287,12 +326,19 @@ async def _until_disconnect(receive: Receive) -> None:
 def _error(err: SimError, anthropic: bool) -> Response:
     if anthropic:
         kinds = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
-        body: dict[str, Any] = {"type": "error", "error": {
-            "type": kinds.get(err.status, "api_error" if err.status >= 500 else
-                              "invalid_request_error"), "message": err.message}}
+        body: dict[str, Any] = {
+            "type": "error",
+            "error": {
+                "type": kinds.get(
+                    err.status, "api_error" if err.status >= 500 else "invalid_request_error"
+                ),
+                "message": err.message,
+            },
+        }
     else:
-        body = {"error": {"message": err.message, "type": err.kind, "param": None,
-                          "code": err.code}}
+        body = {
+            "error": {"message": err.message, "type": err.kind, "param": None, "code": err.code}
+        }
     return Response(orjson.dumps(body), err.status, err.headers, media_type="application/json")
 
 

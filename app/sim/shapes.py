@@ -53,30 +53,57 @@ class Job:
 
     def usage(self) -> dict[str, int]:
         c = self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": c,
-                "total_tokens": self.prompt_tokens + c}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": c,
+            "total_tokens": self.prompt_tokens + c,
+        }
 
     def json_body(self) -> dict[str, Any]:
         content = "".join(w + " " for w in self.words)
         if self.kind == "chat":
-            choices = [{"index": i, "message": {"role": "assistant", "content": content},
-                        "logprobs": None, "finish_reason": self.finish}
-                       for i in range(self.body.get("n") or 1)]
-            return {"id": self.ident, "object": "chat.completion", "created": self.created,
-                    "model": self.model, "choices": choices, "usage": self.usage(),
-                    "system_fingerprint": "tokengate-sim"}
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": content},
+                    "logprobs": None,
+                    "finish_reason": self.finish,
+                }
+                for i in range(self.body.get("n") or 1)
+            ]
+            return {
+                "id": self.ident,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": choices,
+                "usage": self.usage(),
+                "system_fingerprint": "tokengate-sim",
+            }
         if self.kind == "completions":
-            choices = [{"index": i, "text": content, "logprobs": None,
-                        "finish_reason": self.finish} for i in range(self.body.get("n") or 1)]
-            return {"id": self.ident, "object": "text_completion", "created": self.created,
-                    "model": self.model, "choices": choices, "usage": self.usage()}
+            choices = [
+                {"index": i, "text": content, "logprobs": None, "finish_reason": self.finish}
+                for i in range(self.body.get("n") or 1)
+            ]
+            return {
+                "id": self.ident,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": choices,
+                "usage": self.usage(),
+            }
         if self.kind == "messages":
-            return {"id": self.ident, "type": "message", "role": "assistant", "model": self.model,
-                    "content": [{"type": "text", "text": content}],
-                    "stop_reason": "max_tokens" if self.finish == "length" else "end_turn",
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": self.prompt_tokens,
-                              "output_tokens": len(self.words)}}
+            return {
+                "id": self.ident,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [{"type": "text", "text": content}],
+                "stop_reason": "max_tokens" if self.finish == "length" else "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": len(self.words)},
+            }
         return self._embeddings()
 
     def _embeddings(self) -> dict[str, Any]:
@@ -86,10 +113,16 @@ class Job:
         data = []
         for i, item in enumerate(items):
             vec = text.embedding(str(item), self.dim)
-            value: Any = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if b64 else vec
+            value: Any = (
+                base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if b64 else vec
+            )
             data.append({"object": "embedding", "index": i, "embedding": value})
-        return {"object": "list", "data": data, "model": self.model,
-                "usage": {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens}}
+        return {
+            "object": "list",
+            "data": data,
+            "model": self.model,
+            "usage": {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens},
+        }
 
     def events(self) -> Iterator[tuple[bytes, bool]]:
         """(SSE event, carries content) in order."""
@@ -109,13 +142,19 @@ class Job:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
 
-    def _chunk(self, content: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+    def _chunk(
+        self, content: str | None, finish: str | None, first: bool = False
+    ) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {} if content is None else {"content": content}
             if first:
                 delta["role"] = "assistant"
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                      "finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
             choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
         out = {**self._base(), "choices": [choice]}
@@ -124,21 +163,56 @@ class Job:
         return out
 
     def _anthropic_events(self) -> Iterator[tuple[bytes, bool]]:
-        start = {"type": "message_start", "message": {
-            "id": self.ident, "type": "message", "role": "assistant", "model": self.model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 1}}}
+        start = {
+            "type": "message_start",
+            "message": {
+                "id": self.ident,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 1},
+            },
+        }
         yield _sse(start, "message_start"), False
-        yield _sse({"type": "content_block_start", "index": 0,
-                    "content_block": {"type": "text", "text": ""}}, "content_block_start"), False
+        yield (
+            _sse(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                },
+                "content_block_start",
+            ),
+            False,
+        )
         for word in self.words:
-            yield _sse({"type": "content_block_delta", "index": 0,
-                        "delta": {"type": "text_delta", "text": word + " "}},
-                       "content_block_delta"), True
+            yield (
+                _sse(
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": word + " "},
+                    },
+                    "content_block_delta",
+                ),
+                True,
+            )
         yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"), False
         stop = "max_tokens" if self.finish == "length" else "end_turn"
-        yield _sse({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                    "usage": {"output_tokens": len(self.words)}}, "message_delta"), False
+        yield (
+            _sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": len(self.words)},
+                },
+                "message_delta",
+            ),
+            False,
+        )
         yield _sse({"type": "message_stop"}, "message_stop"), False
 
 
@@ -148,8 +222,12 @@ def _sse(obj: dict[str, Any], event: str | None = None) -> bytes:
 
 
 def build(path: str, body: dict[str, Any], model: str, knobs: SimKnobs) -> Job:
-    kind = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
-            "/v1/embeddings": "embeddings", "/v1/messages": "messages"}[path]
+    kind = {
+        "/v1/chat/completions": "chat",
+        "/v1/completions": "completions",
+        "/v1/embeddings": "embeddings",
+        "/v1/messages": "messages",
+    }[path]
     stream = body.get("stream") is True
     if stream and kind == "embeddings":
         raise _bad("embeddings do not stream")
@@ -160,15 +238,20 @@ def build(path: str, body: dict[str, Any], model: str, knobs: SimKnobs) -> Job:
     include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
     if kind in ("chat", "messages"):
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
         ):
             raise _bad("'messages' must be a non-empty array of messages")
         prompt = text.chat_prompt_tokens(messages, body.get("system"))
         seed = str(messages[-1].get("content"))
-        limit = (_max_tokens(body, "max_tokens", None) if kind == "messages" else
-                 _max_tokens(body, "max_completion_tokens", None)
-                 or _max_tokens(body, "max_tokens", None))
+        limit = (
+            _max_tokens(body, "max_tokens", None)
+            if kind == "messages"
+            else _max_tokens(body, "max_completion_tokens", None)
+            or _max_tokens(body, "max_tokens", None)
+        )
         if kind == "messages" and limit is None:
             raise _bad("max_tokens: Field required")
     elif kind == "completions":
@@ -185,7 +268,17 @@ def build(path: str, body: dict[str, Any], model: str, knobs: SimKnobs) -> Job:
     finish = "length" if limit is not None and limit < knobs.reply_tokens else "stop"
     reserve = limit if limit is not None else knobs.reply_tokens
     prefix = {"chat": "chatcmpl", "completions": "cmpl", "messages": "msg", "embeddings": "emb"}
-    return Job(kind=kind, model=model, body=body, stream=stream, prompt_tokens=prompt,
-               words=words, finish=finish, include_usage=include_usage,
-               quota_tokens=prompt + reserve * n, dim=knobs.embedding_dim,
-               created=int(time.time()), ident=f"{prefix[kind]}-sim{time.monotonic_ns():x}")
+    return Job(
+        kind=kind,
+        model=model,
+        body=body,
+        stream=stream,
+        prompt_tokens=prompt,
+        words=words,
+        finish=finish,
+        include_usage=include_usage,
+        quota_tokens=prompt + reserve * n,
+        dim=knobs.embedding_dim,
+        created=int(time.time()),
+        ident=f"{prefix[kind]}-sim{time.monotonic_ns():x}",
+    )

@@ -11,8 +11,20 @@ from __future__ import annotations
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Failures after which another domain or the fallback model may still succeed.
 MOVES_ON = frozenset(
-    {"connect", "timeout", "reset", "bad_response", "upstream_auth", "model_not_found",
-     "circuit_open", "status_429", "status_500", "status_502", "status_503", "status_504"}
+    {
+        "connect",
+        "timeout",
+        "reset",
+        "bad_response",
+        "upstream_auth",
+        "model_not_found",
+        "circuit_open",
+        "status_429",
+        "status_500",
+        "status_502",
+        "status_503",
+        "status_504",
+    }
 )
 # Failures that say the upstream (not the client) is broken: they feed the breaker.
 UPSTREAM_FAULTS = MOVES_ON - {"model_not_found", "circuit_open"}

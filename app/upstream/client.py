@@ -127,7 +127,7 @@ class _AiohttpResponse:
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self._resp.close()
             raise _translate_aiohttp(exc) from None
 
@@ -173,7 +173,9 @@ class AiohttpTransport:
             total=None if stream else self._total, sock_connect=t.connect, sock_read=t.read
         )
         try:
-            resp = await self._get().request(method, url, data=body, headers=headers, timeout=timeout)
+            resp = await self._get().request(
+                method, url, data=body, headers=headers, timeout=timeout
+            )
         except BaseException as exc:
             raise _translate_aiohttp(exc) from None
         return _AiohttpResponse(resp)
@@ -254,9 +256,7 @@ class HttpxTransport:
         await self._client.aclose()
 
 
-def make_transport(
-    kind: str, timeouts: Timeouts, total: float, pool_size: int
-) -> Transport:
+def make_transport(kind: str, timeouts: Timeouts, total: float, pool_size: int) -> Transport:
     if kind == "httpx":
         return HttpxTransport(timeouts, total, pool_size)
     return AiohttpTransport(timeouts, total, pool_size)

@@ -17,8 +17,9 @@ from app.upstream.attempt import AttemptFailed
 
 async def probe(domain: Domain, endpoint: str, request_id: str) -> ProbeResult:
     try:
-        resp = await domain.client.send(endpoint, None, stream=False, method="GET",
-                                        request_id=request_id)
+        resp = await domain.client.send(
+            endpoint, None, stream=False, method="GET", request_id=request_id
+        )
         body = await resp.read()
     except AttemptFailed as failure:
         result = ProbeResult(False, time.monotonic(), failure.reason)

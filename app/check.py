@@ -1,0 +1,277 @@
+"""`tokengate check`: verify the chain from API entry to compute domain (CONTEXT §4-5).
+
+Steps, in the order CONTEXT §5 says to diagnose (endpoint, key, model route,
+scheduler parameters):
+
+  1. configuration: both files and the environment load (else exit 2);
+  2. `GET /v1/models` with the key: 200, and every routed/aliased model is listed;
+  3. a minimal chat completion (`ping`, `max_tokens: 8`) returns `choices` and usage;
+  4. 16 concurrent probes from 8 workers: `16/16 ok`, usage adding up, then whether
+     `batch_size` and the rate limits fit that concurrency.
+
+Against the upstream of every configured domain by default, or a running gateway
+with `--target URL` (authenticated with `--key` / `TOKENGATE_API_KEY`). Each failure
+prints a specific diagnosis; any failure exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from app.config.errors import ConfigError
+from app.config.sources import ConfigFiles, load_settings
+from app.runtime import Runtime, compile_runtime
+
+PROBES, WORKERS = 16, 8
+
+
+@dataclass
+class Target:
+    name: str
+    base: str  # without /v1
+    key: str
+    key_source: str
+    model: str | None
+    routed: list[str] = field(default_factory=list)
+
+
+class StepFailed(Exception):
+    pass
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def diagnose(exc: BaseException, target: Target) -> str:
+    """One line an operator can act on, for each failure class of CONTEXT §5."""
+    if isinstance(exc, httpx.ConnectError):
+        root = exc.__cause__ or exc.__context__
+        text = f"{exc} {root!r}"
+        if (
+            isinstance(root, socket.gaierror)
+            or "Name or service not known" in text
+            or ("nodename nor servname" in text or "Temporary failure in name resolution" in text)
+        ):
+            host = httpx.URL(target.base).host
+            return (
+                f"DNS: cannot resolve '{host}'. Check the api_base spelling and the node's DNS "
+                "resolver / egress rules."
+            )
+        return (
+            f"connection refused or unreachable at {target.base}: is the service up and the "
+            "port right? Check egress firewall rules from this node."
+        )
+    if isinstance(exc, httpx.TimeoutException):
+        return (
+            f"timeout talking to {target.base}: egress rules, a proxy, or an overloaded "
+            "upstream. Raise token_scheduler.timeout_ms only after checking the network."
+        )
+    if isinstance(exc, httpx.HTTPStatusError):
+        return _diagnose_status(exc.response, target)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _diagnose_status(resp: httpx.Response, target: Target) -> str:
+    code = resp.status_code
+    if code == 401:
+        return (
+            f"401: the key was rejected. Is {target.key_source} set in this process's "
+            "environment, and current? Containers must pass it explicitly (-e VAR)."
+        )
+    if code == 403:
+        return "403: the key lacks the scope for this endpoint or model; ask for the scope."
+    if code == 429:
+        return (
+            "429: rate limited. The limits are too low for this traffic, or several nodes "
+            "share one key: give each domain its own key (api_key_env)."
+        )
+    if code == 404:
+        return (
+            f"404: model not found. The route names a model /v1/models does not list: fix "
+            f"model_route / model_aliases (asked for '{target.model}')."
+        )
+    return f"HTTP {code}: {resp.text[:200]}"
+
+
+async def _models(client: httpx.AsyncClient, t: Target) -> list[str]:
+    resp = await client.get(f"{t.base}/v1/models")
+    resp.raise_for_status()
+    ids = [m["id"] for m in resp.json().get("data", []) if isinstance(m, dict) and "id" in m]
+    _say(f"      200, {len(ids)} model(s): {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}")
+    missing = [m for m in t.routed if m not in ids]
+    if missing:
+        raise StepFailed(
+            f"model route names model(s) the upstream does not list: {', '.join(missing)}. Fix: "
+            "point model_route / model_aliases in settings.json at listed ids (e.g. an alias "
+            f'"{missing[0]}": "<listed id>"), or add the model to that domain.'
+        )
+    if t.model is None and ids:
+        t.model = ids[0]
+    return ids
+
+
+async def _ping(client: httpx.AsyncClient, t: Target) -> tuple[int, int]:
+    body = {"model": t.model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8}
+    resp = await client.post(f"{t.base}/v1/chat/completions", json=body)
+    resp.raise_for_status()
+    data = resp.json()
+    usage = data.get("usage") or {}
+    if not data.get("choices") or "prompt_tokens" not in usage or "completion_tokens" not in usage:
+        raise StepFailed(f"answer lacks choices or usage: {str(data)[:200]}")
+    return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+
+
+async def _probes(client: httpx.AsyncClient, t: Target) -> tuple[int, int, int, list[str]]:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(PROBES):
+        queue.put_nowait(i)
+    ok, prompt, completion, errors = 0, 0, 0, []
+    tty = sys.stdout.isatty()
+
+    async def worker() -> None:
+        nonlocal ok, prompt, completion
+        while not queue.empty():
+            queue.get_nowait()
+            try:
+                p, c = await _ping(client, t)
+            except Exception as exc:
+                errors.append(diagnose(exc, t) if not isinstance(exc, StepFailed) else str(exc))
+            else:
+                ok, prompt, completion = ok + 1, prompt + p, completion + c
+            if tty:
+                print(
+                    f"\r      probes: {ok + len(errors)}/{PROBES} done, {ok} ok", end="", flush=True
+                )
+
+    await asyncio.gather(*(worker() for _ in range(WORKERS)))
+    if tty:
+        print()
+    return ok, prompt, completion, errors
+
+
+async def _verify(t: Target, wait_sec: float, runtime: Runtime | None) -> bool:
+    _say(f"== {t.name}: {t.base}")
+    headers = {"authorization": f"Bearer {t.key}"}
+    steps = 0
+    async with httpx.AsyncClient(headers=headers, timeout=wait_sec) as client:
+        try:
+            steps += 1
+            _say("  [2] GET /v1/models with the key")
+            await _models(client, t)
+            steps += 1
+            _say(f"  [3] chat completion 'ping' (max_tokens 8) on model '{t.model}'")
+            p, c = await _ping(client, t)
+            _say(f"      ok: choices present, usage prompt_tokens={p} completion_tokens={c}")
+            steps += 1
+            _say(f"  [4] {PROBES} concurrent probes from {WORKERS} workers")
+            ok, sp, sc, errors = await _probes(client, t)
+            _say(f"      {ok}/{PROBES} ok, usage prompt_tokens={sp} completion_tokens={sc}")
+            if errors:
+                raise StepFailed(f"{len(errors)} probe(s) failed; first: {errors[0]}")
+            if sp != p * PROBES:
+                raise StepFailed(
+                    f"usage does not add up: {sp} prompt tokens, expected {p * PROBES}"
+                )
+            _advice(runtime)
+        except StepFailed as exc:
+            _say(f"      FAILED: {exc}")
+            return False
+        except Exception as exc:
+            _say(f"      FAILED: {diagnose(exc, t)}")
+            return False
+    return True
+
+
+def _advice(runtime: Runtime | None) -> None:
+    if runtime is None:
+        return
+    s = runtime.settings
+    batch = s.token_scheduler.batch_size
+    rpm = s.rate_limit.requests_per_minute
+    notes = []
+    if batch > 4 * WORKERS:
+        notes.append(
+            f"batch_size={batch} is large for {WORKERS} concurrent clients; 16-32 keeps "
+            "dispatch latency low"
+        )
+    if rpm < PROBES * 4:
+        notes.append(f"rate_limit.requests_per_minute={rpm} leaves little room for bursts")
+    for note in notes or ["batch_size and rate limits fit this concurrency"]:
+        _say(f"      note: {note}")
+
+
+def _targets(runtime: Runtime) -> list[Target]:
+    s = runtime.settings
+    aliases = s.model_aliases
+    routed = [m for m in [s.model_route.default, *runtime.fallbacks] if m]
+    targets = []
+    for d in runtime.domains:
+        wanted = [aliases.get(m, m) for m in routed] + [t for t in aliases.values()]
+        model = aliases.get(s.model_route.default or "", s.model_route.default)
+        if d.models is not None:
+            wanted = [m for m in wanted if m in d.models]
+            model = model if model in d.models else next(iter(sorted(d.models)), None)
+        targets.append(
+            Target(
+                d.name,
+                d.api_base,
+                d.api_key.get_secret_value(),
+                d.api_key_env,
+                model,
+                sorted(set(wanted)),
+            )
+        )
+    return targets
+
+
+def run_check(files: ConfigFiles, *, target: str | None, key: str | None) -> int:
+    _say(f"  [1] configuration: {files.config} + {files.settings}")
+    runtime: Runtime | None = None
+    config_ok = True
+    if target is None or (files.config.exists() and files.settings.exists()):
+        try:
+            settings = load_settings(files)
+            runtime = compile_runtime(
+                settings,
+                os.environ,
+                no_auth=target is not None,
+                source=f"{files.settings} / {files.config}",
+            )
+        except ConfigError as exc:
+            _say(exc.render())
+            if target is None:
+                return 2
+            config_ok = False
+        else:
+            names = ", ".join(f"{d.name} -> {d.api_base}" for d in runtime.domains)
+            _say(f"      ok: {len(runtime.domains)} domain(s): {names}")
+    else:
+        _say("      skipped: no local config files (checking a remote gateway)")
+    timeout = (runtime.settings.token_scheduler.timeout_ms / 1000) if runtime else 30.0
+    started = time.monotonic()
+    if target is not None:
+        gw_key = key or os.environ.get("TOKENGATE_API_KEY", "")
+        if not gw_key:
+            _say("      FAILED: no gateway key: pass --key or set TOKENGATE_API_KEY")
+            return 1
+        base = target.rstrip("/").removesuffix("/v1")
+        default = runtime.settings.model_route.default if runtime else None
+        targets = [Target("gateway", base, gw_key, "--key / TOKENGATE_API_KEY", default)]
+    else:
+        assert runtime is not None
+        targets = _targets(runtime)
+    results = [asyncio.run(_verify(t, timeout, runtime)) for t in targets]
+    ok = all(results) and config_ok
+    _say(
+        f"{'OK' if ok else 'FAILED'}: {sum(results)}/{len(results)} target(s) verified "
+        f"in {time.monotonic() - started:.1f}s"
+    )
+    return 0 if ok else 1
