@@ -1,0 +1,319 @@
+"""Real processes on loopback ports for end-to-end tests: sim, gateway, redis-server.
+
+Each helper starts the real command (`python -m app.cli ...`, `redis-server`), waits
+until it answers, and stops it (SIGTERM, then SIGKILL) when the test ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import tomli_w
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT / "config"
+UPSTREAM_KEY = "sk-upstream-test-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(
+    url: str,
+    *,
+    timeout: float = 20.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            r = httpx.get(url, timeout=1.0, headers=headers)
+            if r.status_code < 500:
+                return
+            last = r.status_code
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer in {timeout}s (last: {last!r})")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", *args]
+
+
+@dataclass
+class Sim:
+    port: int
+    proc: subprocess.Popen[bytes]
+    api_key: str = UPSTREAM_KEY
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def records(self, path: str | None = None) -> list[dict[str, Any]]:
+        params = {"path": path} if path else None
+        return list(httpx.get(f"{self.url}/_sim/records", params=params).json())
+
+    def clear(self) -> None:
+        httpx.delete(f"{self.url}/_sim/records")
+
+    def faults(self, **faults: Any) -> None:
+        httpx.put(f"{self.url}/_sim/faults", json=faults).raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(httpx.get(f"{self.url}/_sim/stats").json())
+
+    def stop(self) -> int:
+        return stop(self.proc)
+
+
+def start_sim(*args: str, api_key: str = UPSTREAM_KEY, port: int | None = None) -> Sim:
+    port = port or free_port()
+    proc = subprocess.Popen(
+        _cli("sim", "--port", str(port), "--api-key", api_key, *args),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_http(f"http://127.0.0.1:{port}/_sim/stats", proc=proc)
+    return Sim(port, proc, api_key)
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class Gateway:
+    port: int
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+    keys: dict[str, str]
+    env: dict[str, str]
+    args: list[str]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def key(self) -> str:
+        return next(iter(self.keys.values()))
+
+    def openai(self, alias: str | None = None, **kwargs: Any) -> Any:
+        import openai
+
+        key = self.keys[alias] if alias else self.key
+        kwargs.setdefault("max_retries", 0)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, **kwargs)
+
+    def async_openai(self, alias: str | None = None, **kwargs: Any) -> Any:
+        import openai
+
+        key = self.keys[alias] if alias else self.key
+        kwargs.setdefault("max_retries", 0)
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, **kwargs)
+
+    def headers(self, alias: str | None = None) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.keys[alias] if alias else self.key}"}
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+        return out
+
+    def access(self) -> list[dict[str, Any]]:
+        return [line for line in self.log_lines() if line.get("logger") == "tokengate.access"]
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics").text
+
+    def stop(self) -> int:
+        return stop(self.proc)
+
+    def restart(self) -> None:
+        self.stop()
+        self.proc = _spawn_gateway(self.port, self.args, self.env, self.workdir)
+        wait_http(f"{self.url}/health", proc=self.proc)
+
+
+def _spawn_gateway(
+    port: int, args: list[str], env: dict[str, str], workdir: Path
+) -> subprocess.Popen[bytes]:
+    with open(workdir / "stdout.log", "ab") as out:
+        return subprocess.Popen(
+            _cli("serve", "--port", str(port), *args),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+@dataclass
+class GatewaySpec:
+    """What to run: config.toml and settings.json as dicts on top of the seed files."""
+
+    toml: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, dict[str, Any]] = field(default_factory=lambda: {"alice": {}})
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+
+
+def seed_toml() -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads((SEED / "config.toml").read_text())
+
+
+def seed_settings() -> dict[str, Any]:
+    return dict(json.loads((SEED / "settings.json").read_text()))
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        elif v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def start_gateway(
+    workdir: Path,
+    spec: GatewaySpec,
+    upstream: str | None = None,
+    *,
+    port: int | None = None,
+    wait: bool = True,
+) -> Gateway:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    toml = _merge(seed_toml(), spec.toml)
+    settings = _merge(seed_settings(), spec.settings)
+    keys = {alias: f"tg-test-{alias}-{os.urandom(6).hex()}" for alias in spec.keys}
+    settings.setdefault(
+        "keys",
+        [
+            {"alias": alias, "key_sha256": digest(keys[alias]), **extra}
+            for alias, extra in spec.keys.items()
+        ],
+    )
+    if upstream is not None:
+        settings["api_endpoint"] = upstream
+    log_path = workdir / "gateway.log"
+    settings = _merge({"logging": {}}, settings)
+    toml = _merge(toml, {"logging": {"output": str(log_path)}})
+    settings.setdefault("ledger", {"path": str(workdir / "ledger.sqlite3")})
+    (workdir / "config.toml").write_text(tomli_w.dumps(toml))
+    (workdir / "settings.json").write_text(json.dumps(settings, indent=2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENGATE_", "PROMETHEUS_"))}
+    env.update({"TAOTOKEN_API_KEY": UPSTREAM_KEY, **spec.env})
+    args = [
+        "--config",
+        str(workdir / "config.toml"),
+        "--settings",
+        str(workdir / "settings.json"),
+        *spec.args,
+    ]
+    proc = _spawn_gateway(port, args, env, workdir)
+    gw = Gateway(port, proc, workdir, keys, env, args, log_path)
+    if wait:
+        wait_http(f"{gw.url}/health", proc=proc)
+    return gw
+
+
+@dataclass
+class Redis:
+    port: int
+    proc: subprocess.Popen[bytes] | None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        assert exe, "redis-server is not installed (make test installs it)"
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
+                return
+            time.sleep(0.05)
+        raise TimeoutError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
+            self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[Redis]:
+    r = Redis(free_port(), None)
+    r.start()
+    try:
+        yield r
+    finally:
+        r.kill()
