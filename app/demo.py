@@ -46,7 +46,8 @@ tokengate is running at {base} (upstream: tokengate sim). Demo key: {key}
 
   curl {base}/v1/chat/completions \\
     -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
-    -d '{{"model": "claude-sonnet", "messages": [{{"role": "user", "content": "ping"}}], "max_tokens": 8}}'
+    -d '{{"model": "claude-sonnet", "max_tokens": 8,
+         "messages": [{{"role": "user", "content": "ping"}}]}}'
 
   python - <<'PY'
 from openai import OpenAI
@@ -94,11 +95,26 @@ def main(argv: list[str] | None = None) -> int:
     cli = [sys.executable, "-m", "app.cli"]
     with open(var / "demo-sim.log", "ab") as sim_log, open(var / "demo-serve.log", "ab") as gw_log:
         sim = subprocess.Popen(
-            [*cli, "sim", "--port", str(args.sim_port), "--api-key", upstream_key,
-             "--tokens-per-sec", "200"], cwd=ROOT, env=env, stdout=sim_log, stderr=sim_log,
+            [
+                *cli,
+                "sim",
+                "--port",
+                str(args.sim_port),
+                "--api-key",
+                upstream_key,
+                "--tokens-per-sec",
+                "200",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=sim_log,
+            stderr=sim_log,
         )
         gateway = subprocess.Popen(
-            [*cli, "serve", "--port", str(args.port)], cwd=ROOT, env=env, stdout=gw_log,
+            [*cli, "serve", "--port", str(args.port)],
+            cwd=ROOT,
+            env=env,
+            stdout=gw_log,
             stderr=gw_log,
         )
     base = f"http://127.0.0.1:{args.port}"

@@ -14,7 +14,7 @@ from app.gateway import Gateway
 router = APIRouter(prefix="/admin")
 
 
-def _admin(request: Request, gateway: GatewayDep) -> Gateway:
+async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
     key = gateway.runtime.settings.admin_key
     if key is None:
         raise NotFound("admin API disabled: set TOKENGATE_ADMIN_KEY to enable it")

@@ -15,7 +15,7 @@ def _too_large(limit: int) -> PayloadTooLarge:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+    declared = next((v for k, v in request.scope["headers"] if k == b"content-length"), None)
     if declared is not None:
         try:
             if int(declared) > limit:

@@ -10,7 +10,7 @@ from app.gateway import Gateway
 from app.runtime import KeySpec
 
 
-def _gateway(request: Request) -> Gateway:
+async def _gateway(request: Request) -> Gateway:
     gateway: Gateway = request.app.state.gateway
     return gateway
 
@@ -18,9 +18,14 @@ def _gateway(request: Request) -> Gateway:
 GatewayDep = Annotated[Gateway, Depends(_gateway)]
 
 
-def _caller(request: Request, gateway: GatewayDep) -> KeySpec:
-    headers = request.headers
-    return gateway.keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+async def _caller(request: Request, gateway: GatewayDep) -> KeySpec:
+    authorization = api_key = None
+    for name, value in request.scope["headers"]:  # one pass; Headers.get raises per miss
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"x-api-key":
+            api_key = value.decode("latin-1")
+    return gateway.keys.authenticate(authorization, api_key)
 
 
 CallerDep = Annotated[KeySpec, Depends(_caller)]

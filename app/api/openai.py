@@ -15,6 +15,7 @@ from app.gateway import Gateway
 from app.proxy.answer import StreamAnswer
 from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
 from app.runtime import KeySpec
+from app.upstream.client import forwardable
 
 router = APIRouter()
 
@@ -24,7 +25,8 @@ async def _proxy(
 ) -> Response:
     started = time.perf_counter()
     raw = await read_body(request, gateway.runtime.settings.server.max_body_bytes)
-    call = parse_call(endpoint, raw, caller, request_id(request), request.headers, started)
+    forwarded = forwardable(request.scope["headers"])
+    call = parse_call(endpoint, raw, caller, request_id(request), forwarded, started)
     answer = await gateway.proxy.handle(call)
     if isinstance(answer, StreamAnswer):
         return SseResponse(answer)

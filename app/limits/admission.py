@@ -13,7 +13,9 @@ the total never silently becomes N times the configured one (logged at start).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.errors import RateLimited
 from app.limits.bucket import Decision, Limits
@@ -21,6 +23,8 @@ from app.limits.ledger import UsageEntry
 from app.limits.store import LimitStore
 from app.metrics import Metrics
 from app.runtime import KeySpec
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 @dataclass
@@ -62,17 +66,23 @@ class Admission:
         self.metrics.record_rate_limited(key.alias, limit)
         raise _refusal(decision, limit, cost, limits)
 
-    async def settle(self, ticket: Ticket, entry: UsageEntry, *, dispatched: bool = True) -> None:
-        """Correct the reservation; `dispatched=False` refunds the request entirely."""
+    def settle(self, ticket: Ticket, entry: UsageEntry, spawn: Spawn, *, dispatched: bool) -> None:
+        """Correct the reservation; `dispatched=False` refunds the request entirely.
+
+        Never awaited by the caller: it may run while the request is being cancelled,
+        so a store that needs I/O gets the work as a task owned by the gateway.
+        """
         if ticket.settled:
             return
         ticket.settled = True
         used = entry.prompt_tokens + entry.completion_tokens
         used += entry.failed_prompt_tokens + entry.failed_completion_tokens
         token_delta = (used if dispatched else 0) - ticket.reserved
-        await self.store.settle(
-            ticket.key, ticket.limits, token_delta, 0 if dispatched else -1, entry
-        )
+        args = (ticket.key, ticket.limits, token_delta, 0 if dispatched else -1, entry)
+        if self.store.synchronous:
+            self.store.settle_sync(*args)
+        else:
+            spawn(self.store.settle(*args))
 
 
 def _refusal(decision: Decision, limit: str, cost: int, limits: Limits) -> RateLimited:

@@ -35,6 +35,8 @@ _LIMIT_NAMES = {0: None, 1: "requests", 2: "tokens"}
 
 
 class RedisStore:
+    synchronous = False
+
     def __init__(
         self,
         url: str,
@@ -179,6 +181,11 @@ class RedisStore:
                 return
         self._local.settle(key, limits, token_delta, request_delta)
         self._backlog.add(entry)
+
+    def settle_sync(
+        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+    ) -> None:
+        raise NotImplementedError("the Redis store settles asynchronously")
 
     async def usage(self) -> list[LedgerRow]:
         raw = await self._client.smembers(f"{self.prefix}ledger-index")

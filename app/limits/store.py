@@ -21,9 +21,17 @@ Clock = Callable[[], float]
 
 
 class LimitStore(Protocol):
+    # True when settling needs no I/O: the pipeline then settles inline instead of
+    # handing the work to a background task.
+    synchronous: bool
+
     async def reserve(self, key: str, limits: Limits, cost: int) -> Decision: ...
 
     async def settle(
+        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+    ) -> None: ...
+
+    def settle_sync(
         self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
     ) -> None: ...
 
@@ -77,6 +85,8 @@ class MemoryBuckets:
 
 
 class MemoryStore:
+    synchronous = True
+
     def __init__(self, ledger: LocalLedger, clock: Clock = time.monotonic) -> None:
         self.buckets = MemoryBuckets(clock)
         self.ledger = ledger
@@ -88,6 +98,11 @@ class MemoryStore:
         return self.buckets.reserve(key, limits, cost)
 
     async def settle(
+        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+    ) -> None:
+        self.settle_sync(key, limits, token_delta, request_delta, entry)
+
+    def settle_sync(
         self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
     ) -> None:
         self.buckets.settle(key, limits, token_delta, request_delta)

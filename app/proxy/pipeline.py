@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
@@ -34,7 +33,7 @@ from app.errors import (
     UpstreamRejected,
     UpstreamTimeout,
 )
-from app.limits.admission import Admission, Ticket
+from app.limits.admission import Admission, Spawn, Ticket
 from app.limits.ledger import UsageEntry
 from app.metrics import Metrics
 from app.proxy.answer import Answer, JsonAnswer, Reply, StreamAnswer
@@ -48,7 +47,6 @@ from app.upstream.usage import parse_usage
 access_log = logging.getLogger("tokengate.access")
 log = logging.getLogger("tokengate.proxy")
 MAX_DOMAINS_PER_MODEL = 2
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 class Proxy:
@@ -320,7 +318,7 @@ class Proxy:
             failed_prompt_tokens=failed[0],
             failed_completion_tokens=failed[1],
         )
-        self.spawn(self.admission.settle(ticket, entry, dispatched=trace.dispatched))
+        self.admission.settle(ticket, entry, self.spawn, dispatched=trace.dispatched)
         self.metrics.record_usage(
             call.key.alias, model, entry.prompt_tokens, entry.completion_tokens
         )

@@ -15,7 +15,7 @@ header is forwarded except a short allowlist.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,7 +27,7 @@ from app.upstream.attempt import AttemptFailed
 
 USER_AGENT = "tokengate/0.1"
 # Client headers that carry API semantics the upstream needs; nothing else is forwarded.
-FORWARDED = ("anthropic-version", "anthropic-beta", "openai-beta")
+FORWARDED = frozenset({b"anthropic-version", b"anthropic-beta", b"openai-beta"})
 
 
 @dataclass(frozen=True)
@@ -55,26 +55,24 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-def upstream_headers(
-    domain: DomainSpec, request_id: str, client_headers: Mapping[str, str] | None = None
-) -> dict[str, str]:
+def forwardable(raw_headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The allowlisted client headers (ASGI raw form in); usually none."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers if k in FORWARDED}
+
+
+def upstream_headers(domain: DomainSpec) -> dict[str, str]:
+    """The domain's credential and fixed headers: the only place a key is put on the wire."""
     key = domain.api_key.get_secret_value()
     headers = {
         "content-type": "application/json",
         "accept": "application/json, text/event-stream",
         "user-agent": USER_AGENT,
-        "x-request-id": request_id,
     }
     if domain.api_style == "anthropic":
         headers["x-api-key"] = key
         headers["anthropic-version"] = "2023-06-01"
     else:
         headers["authorization"] = f"Bearer {key}"
-    if client_headers:
-        for name in FORWARDED:
-            value = client_headers.get(name)
-            if value is not None:
-                headers[name] = value
     return headers
 
 
@@ -84,6 +82,7 @@ class UpstreamClient:
     def __init__(self, domain: DomainSpec, transport: Transport) -> None:
         self.domain = domain
         self.transport = transport
+        self._headers = upstream_headers(domain)
 
     async def send(
         self,
@@ -95,7 +94,10 @@ class UpstreamClient:
         method: str = "POST",
         client_headers: Mapping[str, str] | None = None,
     ) -> UpstreamResponse:
-        headers = upstream_headers(self.domain, request_id, client_headers)
+        headers = {**self._headers, "x-request-id": request_id}
+        if client_headers:
+            # Allowlisted API-semantics headers only; they can never replace the credential.
+            headers.update((k, v) for k, v in client_headers.items() if k not in self._headers)
         if body is None:
             headers.pop("content-type")
         url = self.domain.api_base + path

@@ -52,7 +52,18 @@ async def call_with_retries(
     budget: RetryBudget,
     on_retry: Callable[[AttemptFailed], None],
 ) -> T:
-    """Run `attempt(n)` (n = 1, 2, ...) until it returns or retrying must stop."""
+    """Run `attempt(n)` (n = 1, 2, ...) until it returns or retrying must stop.
+
+    The first attempt runs outside tenacity: most requests succeed at once, and building
+    a retry controller costs more than the rest of the hot path. Its failure is then
+    replayed to tenacity as attempt 1, so every decision is still tenacity's.
+    """
+    try:
+        return await attempt(1)
+    except AttemptFailed as failure:
+        if not failure.retryable or spec.attempts <= 1:
+            raise
+        first = failure
 
     def stop(state: RetryCallState) -> bool:
         failure = _failure(state)
@@ -74,16 +85,20 @@ async def call_with_retries(
         before_sleep=before_sleep,
         reraise=True,
     )
-    result: T = await retrying(_numbered(attempt))
+    result: T = await retrying(_numbered(attempt, first))
     return result
 
 
-def _numbered(attempt: Callable[[int], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+def _numbered(
+    attempt: Callable[[int], Awaitable[T]], first: AttemptFailed
+) -> Callable[[], Awaitable[T]]:
     count = 0
 
     async def run() -> T:
         nonlocal count
         count += 1
+        if count == 1:
+            raise first
         return await attempt(count)
 
     return run
