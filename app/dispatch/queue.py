@@ -1,10 +1,14 @@
-"""A domain's queue: strict priority between classes, deficit round robin within one.
+"""A domain's queue: strict priority between classes, fair queuing within one.
 
     high ──► normal ──► low          a class is served only when every higher one is empty
       │
-      └─ per-key FIFO lanes, served by DRR on estimated tokens: each visit adds
-         `quantum` to a lane's deficit, the lane sends while its head fits, then the
-         next lane's turn comes. A key flooding the queue only lengthens its own lane.
+      └─ per-key FIFO lanes, served by start-time fair queuing (SFQ) on estimated
+         tokens: a lane's head is tagged `start = max(virtual time, the lane's last
+         finish)`, `finish = start + cost`; the smallest start tag goes next and the
+         virtual time advances to it. Equal keys alternate request by request, a key
+         sending big requests gets proportionally fewer of them (fair in tokens, as
+         deficit round robin is, at request granularity), and a key flooding the
+         queue only lengthens its own lane.
 
 Removal is lazy: a job that gave up is flagged `cancelled`, leaves the count at once
 and is skipped when reached. Pure and synchronous; the dispatcher owns concurrency.
@@ -12,66 +16,64 @@ and is skipped when reached. Pure and synchronous; the dispatcher owns concurren
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from itertools import count
 
 from app.dispatch.job import Job
 from app.runtime import PRIORITIES
 
-QUANTUM = 4096
-MAX_COST = 16 * QUANTUM  # one huge request costs at most this many rounds of others' turns
+MAX_COST = 1 << 20  # one estimate can not push its key's next turn out by more than this
 
 
 class _ClassLanes:
-    def __init__(self, quantum: int) -> None:
-        self.quantum = quantum
+    def __init__(self) -> None:
         self.lanes: dict[str, deque[Job]] = {}
-        self.order: deque[str] = deque()
-        self.deficit: dict[str, int] = {}
-        self.in_turn = False
+        self.finish: dict[str, float] = {}  # last finish tag per key
+        self.heads: list[tuple[float, int, str]] = []  # (start tag, arrival, key)
+        self.vtime = 0.0
+        self._seq = count()
 
     def push(self, job: Job) -> None:
         lane = self.lanes.get(job.key)
         if lane is None:
             lane = self.lanes[job.key] = deque()
-            self.order.append(job.key)
-            self.deficit[job.key] = 0
         lane.append(job)
+        if len(lane) == 1:
+            self._tag_head(job.key)
+
+    def _tag_head(self, key: str) -> None:
+        start = max(self.vtime, self.finish.get(key, 0.0))
+        heapq.heappush(self.heads, (start, next(self._seq), key))
 
     def pop(self) -> Job | None:
-        while self.order:
-            key = self.order[0]
+        while self.heads:
+            start, _, key = heapq.heappop(self.heads)
             lane = self.lanes[key]
-            while lane and lane[0].cancelled:
-                lane.popleft()
-            if not lane:
-                self._drop(key)
+            head = lane.popleft()
+            if head.cancelled:
+                self._after(key, lane)  # skipped: nothing charged
                 continue
-            if not self.in_turn:
-                self.deficit[key] += self.quantum
-                self.in_turn = True
-            head = lane[0]
-            cost = min(max(head.cost, 1), MAX_COST)
-            if self.deficit[key] >= cost:
-                self.deficit[key] -= cost
-                lane.popleft()
-                if not lane:
-                    self._drop(key)
-                return head
-            self.order.rotate(-1)
-            self.in_turn = False
+            self.vtime = start
+            self.finish[key] = start + min(max(head.cost, 1), MAX_COST)
+            self._after(key, lane)
+            return head
         return None
 
-    def _drop(self, key: str) -> None:
-        del self.lanes[key]
-        del self.deficit[key]
-        self.order.popleft()
-        self.in_turn = False
+    def _after(self, key: str, lane: deque[Job]) -> None:
+        if lane:
+            self._tag_head(key)
+        else:
+            del self.lanes[key]
+            if not self.heads:
+                self.finish.clear()  # idle class: history no longer matters
+                self.vtime = 0.0
 
 
 class DomainQueue:
-    def __init__(self, capacity: int, quantum: int = QUANTUM) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._classes = {p: _ClassLanes(quantum) for p in PRIORITIES}
+        self._classes = {p: _ClassLanes() for p in PRIORITIES}
         self._size = 0
 
     def __len__(self) -> int:

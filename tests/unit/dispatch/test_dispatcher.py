@@ -1,0 +1,141 @@
+"""Dispatcher behaviour on a real event loop, without sleeps in the tests themselves."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.dispatch.dispatcher import Dispatcher
+from app.errors import ServiceUnavailable
+from app.limits.pacing import Pacer
+from app.metrics import Metrics, new_registry
+
+
+def make(**kw: object) -> tuple[Dispatcher, Metrics]:
+    metrics = Metrics(new_registry())
+    opts: dict[str, object] = dict(
+        batch_size=4,
+        batch_window_ms=0,
+        queue_capacity=100,
+        max_queue_wait_ms=5000,
+        max_inflight=100,
+        pacer=Pacer(None, None, 60),
+        metrics=metrics,
+    )
+    opts.update(kw)
+    d = Dispatcher("d", **opts)  # type: ignore[arg-type]
+    d.start()
+    return d, metrics
+
+
+def batches(metrics: Metrics) -> list[tuple[float, float]]:
+    """(le, cumulative count) of the batch-size histogram."""
+    out = []
+    for family in metrics.registry.collect():
+        if family.name == "tokengate_batch_size":
+            out = [
+                (float(s.labels["le"]), s.value)
+                for s in family.samples
+                if s.name.endswith("_bucket")
+            ]
+    return out
+
+
+async def test_idle_domain_grants_at_once_and_busy_one_groups_by_batch_size() -> None:
+    d, metrics = make(batch_size=4)
+    first = await d.acquire("k", "normal", 1)  # idle: immediate
+    waiters = [asyncio.ensure_future(d.acquire("k", "normal", 1)) for _ in range(10)]
+    slots = await asyncio.gather(*waiters)
+    assert len(slots) == 10 and d.inflight == 11
+    hist = dict(batches(metrics))
+    assert hist[4.0] == hist[float("inf")]  # no group above batch_size
+    assert hist[2.0] < hist[4.0]  # groups did fill
+    for s in [first, *slots]:
+        s.release()
+    assert d.inflight == 0
+    await d.stop()
+
+
+async def test_max_inflight_is_never_exceeded() -> None:
+    d, _ = make(max_inflight=3, batch_size=16)
+    peak = 0
+
+    async def work() -> None:
+        nonlocal peak
+        slot = await d.acquire("k", "normal", 1)
+        peak = max(peak, d.inflight)
+        await asyncio.sleep(0)
+        slot.release()
+
+    await asyncio.gather(*(work() for _ in range(30)))
+    assert peak == 3
+    await d.stop()
+
+
+async def test_queue_full_raises_503_with_retry_after() -> None:
+    d, _ = make(max_inflight=1, queue_capacity=2)
+    held = await d.acquire("k", "normal", 1)
+    waiting = [asyncio.ensure_future(d.acquire("k", "normal", 1)) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(ServiceUnavailable) as err:
+        await d.acquire("k", "normal", 1)
+    assert err.value.code == "queue_full" and err.value.retry_after is not None
+    assert 0 < err.value.retry_after <= 60
+    held.release()
+    for w in waiting:
+        (await w).release()
+    await d.stop()
+
+
+async def test_queue_wait_expiry_is_503() -> None:
+    d, _ = make(max_inflight=1, max_queue_wait_ms=30)
+    held = await d.acquire("k", "normal", 1)
+    with pytest.raises(ServiceUnavailable) as err:
+        await d.acquire("k", "normal", 1)
+    assert err.value.code == "queue_timeout"
+    assert len(d.queue) == 0
+    held.release()
+    await d.stop()
+
+
+async def test_cancelled_waiter_leaves_the_queue_and_is_never_granted() -> None:
+    d, _ = make(max_inflight=1)
+    held = await d.acquire("k", "normal", 1)
+    waiter = asyncio.ensure_future(d.acquire("gone", "normal", 1))
+    await asyncio.sleep(0)
+    assert len(d.queue) == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert len(d.queue) == 0
+    held.release()
+    await asyncio.sleep(0)
+    assert d.inflight == 0
+    await d.stop()
+
+
+async def test_pacing_holds_requests_over_the_quota() -> None:
+    # 60/min over a 1 s window: one request per second with a burst of ~1.
+    d, _ = make(pacer=Pacer(60, None, 1.0), max_inflight=10)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    a = await d.acquire("k", "normal", 1)
+    b = await d.acquire("k", "normal", 1)
+    assert loop.time() - start >= 0.9  # the second waited for the quota to refill
+    a.release()
+    b.release()
+    await d.stop()
+
+
+async def test_wait_idle_returns_when_drained() -> None:
+    d, _ = make(max_inflight=1)
+    held = await d.acquire("k", "normal", 1)
+    waiter = asyncio.ensure_future(d.acquire("k", "normal", 1))
+    idle = asyncio.ensure_future(d.wait_idle())
+    await asyncio.sleep(0)
+    assert not idle.done()
+    held.release()
+    (await waiter).release()
+    await asyncio.wait_for(idle, 1)
+    await d.stop()
