@@ -65,6 +65,7 @@ class Gateway:
         )
         self.proxy = Proxy(runtime, self.domains, self.admission, metrics, self.spawn)
         self.draining = False
+        self._drain_started = 0.0
         self.started_at = time.time()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -149,11 +150,15 @@ class Gateway:
     def begin_drain(self) -> None:
         if not self.draining:
             self.draining = True
+            self._drain_started = time.monotonic()
             log.info("draining: readiness now 503; finishing queued and in-flight work")
 
     async def close(self) -> None:
         self.begin_drain()
-        timeout = self.runtime.settings.server.drain_timeout_sec
+        # One drain budget in all: uvicorn may already have spent part of it waiting
+        # for open connections before the lifespan shutdown got here.
+        budget = self.runtime.settings.server.drain_timeout_sec
+        timeout = max(0.0, budget - (time.monotonic() - self._drain_started))
         waits = [d.dispatcher.wait_idle() for d in self.domains]
         try:
             async with asyncio.timeout(timeout):

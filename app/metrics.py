@@ -153,12 +153,7 @@ class Metrics:
             ["model", "fallback"],
             registry=r,
         )
-        self.redis_up = Gauge(
-            "tokengate_redis_up",
-            "1 when the shared-state Redis answers (absent without Redis).",
-            registry=r,
-            multiprocess_mode="livemin",
-        )
+        self.redis_up: Gauge | None = None  # created only when Redis is configured
         self.route_unresolved = Gauge(
             "tokengate_route_unresolved",
             "1 when a routed or aliased model is listed by no domain's /v1/models.",
@@ -244,6 +239,13 @@ class Metrics:
         self._child(self.breaker_open, domain).set(1 if breaker_open else 0)
 
     def set_redis_up(self, up: bool) -> None:
+        if self.redis_up is None:
+            self.redis_up = Gauge(
+                "tokengate_redis_up",
+                "1 when the shared-state Redis answers (absent without Redis).",
+                registry=self.registry,
+                multiprocess_mode="livemin",
+            )
         self.redis_up.set(1 if up else 0)
 
     def set_route_unresolved(self, model: str, unresolved: bool) -> None:

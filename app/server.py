@@ -49,7 +49,13 @@ def run_server(runtime: Runtime, host: str, port: int, *, workers: int = 1) -> i
 
         app = create_app(runtime, handle_signals=True)
         server = uvicorn.Server(_config(app, runtime, host, port, 1))
-        server.run()
+        # uvicorn re-raises the SIGTERM it captured once shutdown is done; a completed
+        # drain is a clean exit, so that re-raised signal ends the process with 0.
+        signal.signal(signal.SIGTERM, _exit_cleanly)
+        try:
+            server.run()
+        except SystemExit as done:
+            return int(done.code or 0)
         return 0 if server.started else 1
     from uvicorn.supervisors import Multiprocess
 
@@ -58,6 +64,10 @@ def run_server(runtime: Runtime, host: str, port: int, *, workers: int = 1) -> i
     sock = config.bind_socket()
     Multiprocess(config, sockets=[sock]).run()
     return 0
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 @contextlib.contextmanager

@@ -116,7 +116,8 @@ class StreamAnswer:
         if self.relay.saw_content and not getattr(self, "_ttft_done", False):
             self._ttft_done = True
             seconds = self._proxy.clock() - self._trace.started
-            self._proxy.metrics.record_ttft(self._domain.name, self._trace.model, seconds)
+            model = self.relay.model or self._trace.attempts[-1].model
+            self._proxy.metrics.record_ttft(self._domain.name, model, seconds)
 
     async def _close(self, status: int, outcome: str | None) -> None:
         if self._finished:

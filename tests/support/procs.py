@@ -197,6 +197,7 @@ class GatewaySpec:
     keys: dict[str, dict[str, Any]] = field(default_factory=lambda: {"alice": {}})
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
+    secrets: dict[str, str] = field(default_factory=dict)  # alias -> plaintext to reuse
 
 
 def seed_toml() -> dict[str, Any]:
@@ -233,7 +234,10 @@ def start_gateway(
     port = port or free_port()
     toml = _merge(seed_toml(), spec.toml)
     settings = _merge(seed_settings(), spec.settings)
-    keys = {alias: f"tg-test-{alias}-{os.urandom(6).hex()}" for alias in spec.keys}
+    keys = {
+        alias: spec.secrets.get(alias) or f"tg-test-{alias}-{os.urandom(6).hex()}"
+        for alias in spec.keys
+    }
     settings.setdefault(
         "keys",
         [
