@@ -1,0 +1,286 @@
+"""Resilience against a misbehaving upstream (`tokengate sim` fault injection)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+from collections.abc import Callable
+
+import httpx
+import openai
+import pytest
+
+from tests.support.procs import Gateway, GatewaySpec, Sim
+
+Make = Callable[..., Gateway]
+PING = [{"role": "user", "content": "ping"}]
+NO_FALLBACK = {"model_route": {"fallback": None}}
+
+
+def chat(model: str = "claude-sonnet", **extra: object) -> dict[str, object]:
+    return {"model": model, "messages": PING, "max_tokens": 4, **extra}
+
+
+def post(gw: Gateway, body: dict[str, object], timeout: float = 30) -> httpx.Response:
+    return httpx.post(
+        f"{gw.url}/v1/chat/completions", json=body, headers=gw.headers(), timeout=timeout
+    )
+
+
+def fast_retries(**extra: object) -> dict[str, object]:
+    return {"retry_policy": {"max_attempts": 3, "backoff_ms": 20, **extra}, **NO_FALLBACK}
+
+
+def attempts_of(gw: Gateway, status: int | None = None) -> list[list[dict[str, object]]]:
+    return [line["attempts"] for line in gw.access() if status is None or line["status"] == status]
+
+
+def test_two_transient_503s_then_success_on_the_third(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(GatewaySpec(settings=fast_retries()), sim.url)
+    sim.faults(status=503, count=2)
+    r = post(gw, chat())
+    assert r.status_code == 200
+    assert len(sim.records("/v1/chat/completions")) == 3
+    (trace,) = attempts_of(gw, 200)
+    assert [a["outcome"] for a in trace] == ["status_503", "status_503", "ok"]
+    metrics = gw.metrics()
+    assert 'tokengate_upstream_retries_total{domain="domain-a",reason="status_503"} 2.0' in metrics
+
+
+def test_retry_after_from_the_upstream_is_honoured(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(GatewaySpec(settings=fast_retries()), sim.url)
+    sim.faults(status=429, count=1, retry_after=1.0)
+    started = time.monotonic()
+    assert post(gw, chat()).status_code == 200
+    assert time.monotonic() - started >= 1.0
+    first, second = (r["at"] for r in sim.records("/v1/chat/completions"))
+    assert second - first >= 1.0
+
+
+def test_client_error_is_never_retried_and_is_relayed(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(GatewaySpec(settings=fast_retries()), sim.url)
+    sim.faults(status=400, count=1)
+    r = post(gw, chat())
+    assert r.status_code == 400 and r.json()["error"]["message"] == "injected fault (400)"
+    assert len(sim.records("/v1/chat/completions")) == 1
+    assert r.headers["x-should-retry"] == "false"
+
+
+def test_persistent_500_uses_max_attempts_then_fallback_then_502(
+    sim: Sim, make_gateway: Make
+) -> None:
+    gw = make_gateway(
+        GatewaySpec(
+            settings={
+                "retry_policy": {"max_attempts": 3, "backoff_ms": 10},
+                "breaker": {"failure_threshold": 100},
+            }
+        ),
+        sim.url,
+    )
+    sim.faults(status=500, rate=1.0)
+    r = post(gw, chat())
+    assert r.status_code == 502 and r.json()["error"]["type"] == "upstream_error"
+    models = [rec["body"]["model"] for rec in sim.records("/v1/chat/completions")]
+    assert models == ["claude-sonnet"] * 3 + ["gpt-4o"] * 3  # primary, then model_route.fallback
+    assert r.headers["x-should-retry"] == "false"  # the gateway already spent the retries
+
+
+def test_fallback_on_another_domain_serves_and_says_so(
+    make_sim: Callable[..., Sim], make_gateway: Make
+) -> None:
+    broken, healthy = make_sim("--models", "claude-sonnet"), make_sim("--models", "gpt-4o")
+    gw = make_gateway(
+        GatewaySpec(
+            toml={
+                "scale_up": [
+                    {"domain": "a", "api_base": broken.url, "api_key_env": "TAOTOKEN_API_KEY"},
+                    {"domain": "b", "api_base": healthy.url, "api_key_env": "TAOTOKEN_API_KEY"},
+                ]
+            },
+            settings={"retry_policy": {"max_attempts": 2, "backoff_ms": 10}},
+        )
+    )
+    broken.faults(status=503, rate=1.0)
+    answer = gw.openai().chat.completions.with_raw_response.create(
+        model="claude-sonnet", messages=PING, max_tokens=3
+    )
+    assert answer.parse().model == "gpt-4o"
+    assert answer.headers["x-tokengate-domain"] == "b"
+    (line,) = [x for x in gw.access() if x["status"] == 200]
+    assert line["fallback"] is True
+    assert [(a["domain"], a["model"]) for a in line["attempts"]] == [
+        ("a", "claude-sonnet"),
+        ("a", "claude-sonnet"),
+        ("b", "gpt-4o"),
+    ]
+
+
+async def test_retry_budget_bounds_attempts_during_an_outage(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(
+        GatewaySpec(
+            settings={
+                **fast_retries(budget_ratio=0.2, budget_min_retries=2, budget_window_sec=60),
+                "breaker": {"failure_threshold": 1000, "min_requests": 1000},
+            }
+        ),
+        sim.url,
+    )
+    sim.faults(status=503, rate=1.0)
+    async with httpx.AsyncClient(timeout=30) as c:
+        rs = await asyncio.gather(
+            *(
+                c.post(f"{gw.url}/v1/chat/completions", json=chat(), headers=gw.headers())
+                for _ in range(50)
+            )
+        )
+    assert {r.status_code for r in rs} == {502}
+    sent = len(sim.records("/v1/chat/completions"))
+    assert 50 <= sent <= 50 + 2 + 0.2 * 50, sent  # not 150: the budget held
+
+
+def test_breaker_opens_shows_in_readiness_and_recovers(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(
+        GatewaySpec(
+            settings={
+                "retry_policy": {"max_attempts": 1},
+                **NO_FALLBACK,
+                "breaker": {"failure_threshold": 3, "open_sec": 1.0},
+            }
+        ),
+        sim.url,
+    )
+    sim.faults(status=500, rate=1.0)
+    for _ in range(3):
+        assert post(gw, chat()).status_code == 502
+    ready = httpx.get(f"{gw.url}/health/ready")
+    assert ready.status_code == 503
+    assert ready.json()["domains"]["domain-a"]["state"] == "circuit_open"
+    refused = post(gw, chat())
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "no_healthy_domain"
+    assert len(sim.records("/v1/chat/completions")) == 3  # the open circuit sent nothing
+    assert 'tokengate_upstream_up{domain="domain-a"} 0.0' in _synced_metrics(gw)
+    sim.faults()  # healed
+    time.sleep(1.1)
+    assert post(gw, chat()).status_code == 200  # the half-open probe
+    assert httpx.get(f"{gw.url}/health/ready").status_code == 200
+
+
+def _synced_metrics(gw: Gateway) -> str:
+    time.sleep(1.2)  # gauges are synced every second
+    return gw.metrics()
+
+
+def test_stall_past_the_timeout_is_504(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(
+        GatewaySpec(
+            toml={"token_scheduler": {"timeout_ms": 300}},
+            settings={"retry_policy": {"max_attempts": 2, "backoff_ms": 10}, **NO_FALLBACK},
+        ),
+        sim.url,
+    )
+    sim.faults(stall_ms=1500)
+    started = time.monotonic()
+    r = post(gw, chat())
+    assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+    assert time.monotonic() - started < 1.5
+    assert [a["outcome"] for a in attempts_of(gw, 504)[0]] == ["timeout", "timeout"]
+
+
+def test_mid_stream_drop_ends_with_an_error_event_and_is_charged(
+    sim: Sim, make_gateway: Make
+) -> None:
+    gw = make_gateway(GatewaySpec(settings=NO_FALLBACK), sim.url)
+    sim.faults(drop_after=3)
+    got = []
+    with pytest.raises(openai.APIError, match="broke off|closed the stream early"):
+        for chunk in gw.openai().chat.completions.create(
+            model="gpt-4o", messages=PING, max_tokens=10, stream=True
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                got.append(chunk.choices[0].delta.content)
+    assert len(got) == 3
+    (line,) = gw.access()
+    assert line["status"] == 502 and line["error"] == "stream_interrupted"
+    metrics = gw.metrics()
+    assert re.search(
+        r'tokengate_stream_errors_total\{domain="domain-a",reason="(reset|truncated)"\} 1.0',
+        metrics,
+    )
+    assert 'tokengate_failed_tokens_total{key="alice",kind="completion",model="gpt-4o"}' in metrics
+
+
+def test_client_disconnect_mid_stream_cancels_the_upstream(
+    make_sim: Callable[..., Sim], make_gateway: Make
+) -> None:
+    sim = make_sim("--tokens-per-sec", "20", "--reply-tokens", "100")
+    gw = make_gateway(GatewaySpec(), sim.url)
+    with httpx.stream(
+        "POST",
+        f"{gw.url}/v1/chat/completions",
+        headers=gw.headers(),
+        json=chat(stream=True, max_tokens=100),
+        timeout=30,
+    ) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+    deadline = time.monotonic() + 5
+    while not sim.records("/v1/chat/completions")[0]["cancelled"]:
+        assert time.monotonic() < deadline, "the upstream generation kept running"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    ready = httpx.get(f"{gw.url}/health/ready").json()["domains"]["domain-a"]
+    assert ready["inflight"] == 0
+
+
+def test_client_disconnect_cancels_a_non_stream_upstream_call(
+    make_sim: Callable[..., Sim], make_gateway: Make
+) -> None:
+    sim = make_sim("--latency-ms", "3000")
+    gw = make_gateway(GatewaySpec(), sim.url)
+    with pytest.raises(httpx.ReadTimeout):
+        post(gw, chat(), timeout=0.5)
+    deadline = time.monotonic() + 3
+    while not sim.records("/v1/chat/completions")[0]["cancelled"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_sigterm_drains_streams_in_flight_and_exits_0(
+    make_sim: Callable[..., Sim], make_gateway: Make
+) -> None:
+    sim = make_sim("--tokens-per-sec", "20", "--reply-tokens", "30")
+    gw = make_gateway(GatewaySpec(settings={"server": {"drain_delay_sec": 0.5}}), sim.url)
+
+    async def stream() -> list[str]:
+        async with (
+            httpx.AsyncClient(timeout=30) as c,
+            c.stream(
+                "POST",
+                f"{gw.url}/v1/chat/completions",
+                headers=gw.headers(),
+                json=chat(stream=True, max_tokens=30),
+            ) as r,
+        ):
+            return [line async for line in r.aiter_lines() if line]
+
+    async def scenario() -> tuple[list[list[str]], int]:
+        tasks = [asyncio.ensure_future(stream()) for _ in range(4)]
+        await asyncio.sleep(0.4)
+        gw.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        async with httpx.AsyncClient() as c:
+            ready = (await c.get(f"{gw.url}/health/ready")).status_code
+        return list(await asyncio.gather(*tasks)), ready
+
+    streams, ready_during_drain = asyncio.run(scenario())
+    assert ready_during_drain == 503
+    for lines in streams:
+        assert lines[-1] == "data: [DONE]"
+        assert sum(1 for x in lines if x.startswith("data: {")) >= 30
+        assert not any("error" in json.loads(x[6:]) for x in lines if x.startswith("data: {"))
+    assert gw.proc.wait(20) == 0
