@@ -40,9 +40,9 @@ class SseRelay:
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward now (zero or more complete events)."""
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
         data = self._tail + chunk if self._tail else chunk
+        if b"\r" in data:  # CRLF servers; a pair split across chunks rejoins in the tail
+            data = data.replace(b"\r\n", b"\n")
         end = data.rfind(_SEP)
         if end < 0:
             self._tail = data

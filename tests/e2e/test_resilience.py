@@ -196,7 +196,7 @@ def test_mid_stream_drop_ends_with_an_error_event_and_is_charged(
     gw = make_gateway(GatewaySpec(settings=NO_FALLBACK), sim.url)
     sim.faults(drop_after=3)
     got = []
-    with pytest.raises(openai.APIError, match="broke off|closed the stream early"):
+    with pytest.raises(openai.APIError, match=r"broke off|closed the stream early"):
         for chunk in gw.openai().chat.completions.create(
             model="gpt-4o", messages=PING, max_tokens=10, stream=True
         ):

@@ -1,0 +1,103 @@
+"""The retry rule: what is retried, how long it waits, when it stops."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.upstream.attempt import AttemptFailed, parse_retry_after, status_failure
+from app.upstream.budget import RetryBudget
+from app.upstream.retry import RetrySpec, backoff_wait, call_with_retries
+
+SPEC = RetrySpec(attempts=3, backoff=0.0001, max_backoff=0.0002, max_retry_after=1.0)
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def budget(min_retries: int = 100, ratio: float = 1.0) -> RetryBudget:
+    return RetryBudget(ratio, 10, min_retries, clock=Clock())
+
+
+async def run(
+    failures: list[AttemptFailed], spec: RetrySpec = SPEC, b: RetryBudget | None = None
+) -> tuple[str | AttemptFailed, list[int]]:
+    calls: list[int] = []
+
+    async def attempt(n: int) -> str:
+        calls.append(n)
+        if failures:
+            raise failures.pop(0)
+        return "ok"
+
+    try:
+        return await call_with_retries(attempt, spec, b or budget(), lambda f: None), calls
+    except AttemptFailed as exc:
+        return exc, calls
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
+def test_retryable_statuses(status: int) -> None:
+    assert status_failure(status, b"", "application/json", {}).retryable
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422])
+def test_other_4xx_are_not_retried(status: int) -> None:
+    assert not status_failure(status, b"", "application/json", {}).retryable
+
+
+async def test_transient_failures_then_success() -> None:
+    fail = AttemptFailed("status_503", retryable=True)
+    result, calls = await run([fail, fail])
+    assert result == "ok" and calls == [1, 2, 3]
+
+
+async def test_stops_after_max_attempts_with_the_last_failure() -> None:
+    fails = [AttemptFailed("connect", retryable=True) for _ in range(5)]
+    result, calls = await run(fails)
+    assert isinstance(result, AttemptFailed) and calls == [1, 2, 3]
+
+
+async def test_non_retryable_is_raised_at_once() -> None:
+    result, calls = await run([AttemptFailed("status_4xx", retryable=False)])
+    assert isinstance(result, AttemptFailed) and calls == [1]
+
+
+async def test_a_retry_after_beyond_the_cap_stops_retrying() -> None:
+    long_wait = AttemptFailed("status_429", retryable=True, retry_after=5.0)
+    result, calls = await run([long_wait])
+    assert isinstance(result, AttemptFailed) and calls == [1]
+
+
+async def test_exhausted_budget_stops_retrying() -> None:
+    result, calls = await run(
+        [AttemptFailed("timeout", retryable=True)] * 3, b=budget(min_retries=0, ratio=0.0)
+    )
+    assert isinstance(result, AttemptFailed) and calls == [1]
+
+
+def test_backoff_is_full_jitter_capped_and_retry_after_wins() -> None:
+    spec = RetrySpec(attempts=10, backoff=0.5, max_backoff=8.0, max_retry_after=20)
+    waits = [backoff_wait(spec, n, None) for n in range(1, 12) for _ in range(50)]
+    assert all(0 <= w <= 8.0 for w in waits) and max(waits) > 4.0
+    assert all(backoff_wait(spec, 1, None) <= 0.5 for _ in range(50))
+    assert backoff_wait(spec, 1, AttemptFailed("x", retryable=True, retry_after=1.5)) == 1.5
+
+
+def test_retry_after_headers_ms_first() -> None:
+    assert parse_retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert parse_retry_after({"retry-after": "2"}) == 2.0
+    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
+
+
+def test_budget_allows_a_ratio_of_recent_requests() -> None:
+    clock = Clock()
+    b = RetryBudget(0.2, 10, 1, clock=clock)
+    for _ in range(10):
+        b.record_request()
+    assert sum(b.try_spend() for _ in range(10)) == 3  # 1 + 0.2 x 10
+    clock.now = 11.0  # the window slid past them
+    assert b.try_spend() is True

@@ -1,0 +1,69 @@
+"""The SSE relay: whole events forwarded, usage read, the gateway's own usage chunk removed."""
+
+from __future__ import annotations
+
+import json
+
+from app.upstream.streaming import SseRelay, error_event
+
+
+def ev(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+CHUNKS = [
+    ev({"model": "m", "choices": [{"index": 0, "delta": {"content": "hello "}}], "usage": None}),
+    ev({"model": "m", "choices": [{"index": 0, "delta": {"content": "world"}}], "usage": None}),
+    ev({"model": "m", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}),
+    b"data: [DONE]\n\n",
+]
+
+
+def relay_all(relay: SseRelay, data: bytes, step: int) -> bytes:
+    out = b"".join(relay.feed(data[i : i + step]) for i in range(0, len(data), step))
+    return out + relay.finish()
+
+
+def test_usage_chunk_is_stripped_when_the_gateway_asked_for_it() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    out = relay_all(relay, b"".join(CHUNKS), 7)  # events split across arbitrary chunks
+    assert out == CHUNKS[0] + CHUNKS[1] + CHUNKS[3]
+    assert (relay.prompt_tokens, relay.completion_tokens, relay.done) == (7, 2, True)
+
+
+def test_everything_passes_when_the_client_asked_for_usage() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    assert relay_all(relay, b"".join(CHUNKS), 1000) == b"".join(CHUNKS)
+    assert relay.has_usage and relay.saw_content
+
+
+def test_crlf_streams_are_normalised() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    out = relay_all(relay, b"".join(CHUNKS).replace(b"\n", b"\r\n"), 5)
+    assert out == b"".join(CHUNKS)
+
+
+def test_interrupted_stream_estimate_from_streamed_text() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    relay.feed(CHUNKS[0] + CHUNKS[1])
+    assert not relay.has_usage and relay.text.tokens == 3  # "hello world" = 11 chars
+
+
+def test_anthropic_usage_is_read() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    events = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"model":"c",'
+        b'"usage":{"input_tokens":9,"output_tokens":1}}}\n\n'
+        b"event: content_block_delta\n"
+        b'data: {"type":"content_block_delta","delta":{"text":"hi"}}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":4}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )
+    relay_all(relay, events, 11)
+    assert (relay.prompt_tokens, relay.completion_tokens, relay.model) == (9, 4, "c")
+    assert relay.done
+
+
+def test_error_event_is_what_the_sdks_raise_on() -> None:
+    body = json.loads(error_event("gone", "stream_interrupted")[6:])
+    assert body["error"]["code"] == "stream_interrupted"
