@@ -29,6 +29,7 @@ class GatewayError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    permanent = False  # the same request can never succeed: tell SDKs not to retry
 
     def __init__(
         self,
@@ -67,30 +68,35 @@ class GatewayError(Exception):
             # which read retry-after-ms first. Capped at 60 s: the SDK ignores longer waits.
             headers["retry-after"] = str(min(60, max(1, math.ceil(wait))))
             headers["retry-after-ms"] = str(min(60000, max(1, math.ceil(wait * 1000))))
-        if self.should_retry is not None:
-            headers["x-should-retry"] = "true" if self.should_retry else "false"
+        should_retry = False if self.should_retry is None and self.permanent else self.should_retry
+        if should_retry is not None:
+            headers["x-should-retry"] = "true" if should_retry else "false"
         return headers
 
 
 class InvalidRequest(GatewayError):
+    permanent = True
     status = 400
     type = "invalid_request_error"
     code = "invalid_request"
 
 
 class AuthenticationFailed(GatewayError):
+    permanent = True
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
 
 
 class PermissionDenied(GatewayError):
+    permanent = True
     status = 403
     type = "permission_error"
     code = "model_not_allowed"
 
 
 class NotFound(GatewayError):
+    permanent = True
     status = 404
     type = "invalid_request_error"
     code = "not_found"
@@ -101,6 +107,7 @@ class ModelNotFound(NotFound):
 
 
 class PayloadTooLarge(GatewayError):
+    permanent = True
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"

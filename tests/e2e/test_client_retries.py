@@ -1,0 +1,62 @@
+"""The gateway and the official SDK share one retry budget (no retry amplification)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import openai
+import pytest
+
+from tests.support.procs import Gateway, GatewaySpec, Sim
+
+Make = Callable[..., Gateway]
+PING = [{"role": "user", "content": "ping"}]
+NO_FALLBACK = {"model_route": {"fallback": None}}
+
+
+def test_sdk_does_not_repeat_the_gateways_retries(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(
+        GatewaySpec(
+            settings={"retry_policy": {"max_attempts": 3, "backoff_ms": 10}, **NO_FALLBACK}
+        ),
+        sim.url,
+    )
+    sim.faults(status=500, rate=1.0)
+    client = gw.openai(max_retries=2)  # the SDK's default
+    with pytest.raises(openai.InternalServerError) as err:
+        client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=2)
+    assert err.value.status_code == 502
+    assert len(sim.records("/v1/chat/completions")) == 3  # not 3 x 3
+    assert len(gw.access()) == 1  # the SDK asked the gateway once
+
+
+def test_client_mode_leaves_retries_to_the_sdk(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(
+        GatewaySpec(
+            settings={
+                "retry_policy": {"max_attempts": 3, "client_retries": "client", "backoff_ms": 10},
+                **NO_FALLBACK,
+            }
+        ),
+        sim.url,
+    )
+    sim.faults(status=500, rate=1.0)
+    with pytest.raises(openai.InternalServerError):
+        gw.openai(max_retries=2).chat.completions.create(model="gpt-4o", messages=PING)
+    assert len(sim.records("/v1/chat/completions")) == 3  # 1 gateway attempt x 3 SDK tries
+    assert len(gw.access()) == 3
+
+
+def test_sdk_waits_the_advertised_refill_and_succeeds(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(GatewaySpec(keys={"k": {"requests_per_minute": 60}}), sim.url)
+    client = gw.openai(max_retries=2)
+    for _ in range(60):  # empty the bucket (capacity: one minute's allowance)
+        client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=1)
+    started = time.monotonic()
+    answer = client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=1)
+    waited = time.monotonic() - started
+    assert answer.choices  # the caller never saw the 429
+    assert 0.5 <= waited <= 3.0, waited  # ~1 s: one request refills every second
+    statuses = [line["status"] for line in gw.access()][-2:]
+    assert statuses == [429, 200]

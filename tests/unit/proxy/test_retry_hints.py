@@ -1,0 +1,96 @@
+"""Retry hints on every error class: retry-after(-ms) and x-should-retry."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config.schema import Settings
+from app.errors import (
+    AuthenticationFailed,
+    InvalidRequest,
+    PayloadTooLarge,
+    RateLimited,
+    ServiceUnavailable,
+    UpstreamFailed,
+    UpstreamRejected,
+    UpstreamTimeout,
+)
+from app.gateway import Gateway
+from app.metrics import Metrics, new_registry
+from app.proxy.trace import Attempt, Trace
+from app.runtime import compile_runtime
+from app.upstream.attempt import AttemptFailed
+
+
+def proxy(mode: str = "cooperate") -> Gateway:
+    s = Settings.model_validate({"retry_policy": {"client_retries": mode}})
+    return Gateway(
+        compile_runtime(s, {"TAOTOKEN_API_KEY": "k"}, no_auth=True), Metrics(new_registry())
+    )
+
+
+def trace(n: int = 3) -> Trace:
+    t = Trace("r", "k", "chat", "m", False, 0.0)
+    t.attempts = [Attempt(i + 1, "d", "m", "x", 1.0) for i in range(n)]
+    return t
+
+
+def test_retry_after_is_integer_seconds_rounded_up_and_exact_ms() -> None:
+    h = RateLimited("x", retry_after=1.2).response_headers()
+    assert (h["retry-after"], h["retry-after-ms"]) == ("2", "1200")
+    h = ServiceUnavailable("x", retry_after=0.05).response_headers()
+    assert (h["retry-after"], h["retry-after-ms"]) == ("1", "50")
+
+
+def test_retry_after_never_exceeds_what_the_sdk_honours() -> None:
+    h = RateLimited("x", retry_after=3600).response_headers()
+    assert int(h["retry-after"]) <= 60 and int(h["retry-after-ms"]) <= 60000
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind", "status"),
+    [
+        (AttemptFailed("status_500", retryable=True), UpstreamFailed, 502),
+        (AttemptFailed("connect", retryable=True), UpstreamFailed, 502),
+        (AttemptFailed("timeout", retryable=True), UpstreamTimeout, 504),
+        (AttemptFailed("status_429", retryable=True, retry_after=2), ServiceUnavailable, 503),
+        (AttemptFailed("circuit_open", retryable=False), ServiceUnavailable, 503),
+    ],
+)
+def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
+    failure: AttemptFailed, kind: type, status: int
+) -> None:
+    err = proxy().proxy._final_error(failure, trace())
+    assert isinstance(err, kind) and err.status == status
+    assert err.response_headers()["x-should-retry"] == "false"
+    relaxed = proxy("client").proxy._final_error(failure, trace())
+    assert "x-should-retry" not in relaxed.response_headers()
+
+
+def test_upstream_quota_exhaustion_carries_its_retry_after() -> None:
+    err = proxy().proxy._final_error(
+        AttemptFailed("status_429", retryable=True, retry_after=2.5), trace()
+    )
+    assert err.response_headers()["retry-after-ms"] == "2500"
+
+
+def test_relayed_client_errors_are_permanent() -> None:
+    err = proxy().proxy._final_error(
+        AttemptFailed("status_4xx", retryable=False, status=422, body=b"{}"), trace(1)
+    )
+    assert isinstance(err, UpstreamRejected) and err.status == 422
+    assert err.response_headers()["x-should-retry"] == "false"
+
+
+def test_permanent_4xx_of_the_gateway() -> None:
+    assert PayloadTooLarge("x", should_retry=False).response_headers()["x-should-retry"] == "false"
+    for err in (InvalidRequest("x"), AuthenticationFailed("x")):
+        headers = err.response_headers()
+        assert "retry-after" not in headers and headers["x-should-retry"] == "false"
+
+
+def test_short_limit_and_short_queue_say_retry() -> None:
+    assert (
+        RateLimited("x", retry_after=1, should_retry=True).response_headers()["x-should-retry"]
+        == "true"
+    )
