@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from app.config.sources import ConfigFiles, default_files, load_settings
 from app.log import setup_logging
@@ -28,6 +29,7 @@ def load_runtime(
         no_auth=no_auth,
         workers=workers,
         source=f"{files.settings} / {files.config}",
+        files=(str(files.config), str(files.settings)),
     )
 
 
@@ -41,6 +43,17 @@ def secrets_of(runtime: Runtime) -> list[str]:
     if s.redis.url is not None and "@" in s.redis.url.get_secret_value():
         found.append(s.redis.url.get_secret_value())
     return found
+
+
+def reload_runtime(current: Runtime) -> Runtime:
+    """The runtime from the same files as `current`; raises `ConfigError` if invalid."""
+    assert current.files is not None, "this runtime was not loaded from files"
+    config, settings = current.files
+    return load_runtime(
+        ConfigFiles(Path(config), Path(settings)),
+        no_auth=not current.auth_enabled,
+        workers=current.workers,
+    )
 
 
 def setup_process(runtime: Runtime) -> None:

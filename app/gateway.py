@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -24,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from app.auth import KeyIndex
+from app.config.errors import ConfigError
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.limits.admission import Admission
+from app.limits.bucket import Limits
 from app.limits.ledger import LocalLedger
 from app.limits.pacing import Pacer
 from app.limits.redis_store import RedisStore
@@ -147,6 +150,67 @@ class Gateway:
             mode = "in-process"
         log.info("per-key limits: %s", mode)
 
+    # -- live reconfiguration ----------------------------------------------------------
+    def reload(self, new: Runtime) -> list[str]:
+        """Apply a re-read configuration without dropping a request.
+
+        Requests already admitted finish with the objects they hold; new ones see the new
+        keys, limits, routes, aliases, retry policy, per-domain quotas and upstream keys.
+        Adding, removing or re-pointing a domain (`api_base`) needs a restart: such
+        changes are reported and left out, the rest is applied.
+        """
+        notes: list[str] = []
+        old = {d.name: d for d in self.domains}
+        new_specs = {d.name: d for d in new.domains}
+        for name in sorted(set(old) ^ set(new_specs)):
+            notes.append(f"domain {name!r} added or removed: restart to apply")
+        for name, domain in old.items():
+            spec = new_specs.get(name)
+            if spec is None:
+                continue
+            if spec.api_base != domain.spec.api_base:
+                notes.append(f"domain {name!r} api_base changed: restart to apply")
+                spec = dataclasses.replace(spec, api_base=domain.spec.api_base)
+            if spec.api_key.get_secret_value() != domain.spec.api_key.get_secret_value():
+                notes.append(f"domain {name!r}: upstream key rotated")
+            self._retune(domain, spec)
+        keep = {d.name for d in self.domains}
+        self.runtime = dataclasses.replace(
+            new, domains=tuple(d.spec for d in self.domains if d.name in keep)
+        )
+        self.keys = KeyIndex(new.keys, enabled=new.auth_enabled, anonymous=_anonymous(new.settings))
+        self.proxy.configure(self.runtime)
+        self.metrics.add_models(self._configured_models())
+        logging.getLogger("tokengate").setLevel(new.settings.logging.level.upper())
+        return notes
+
+    def _retune(self, domain: Domain, spec: DomainSpec) -> None:
+        domain.spec = spec
+        domain.client.rekey(spec)
+        domain.dispatcher.max_inflight = spec.max_inflight
+        quota = (spec.requests_per_minute, spec.tokens_per_minute, spec.quota_window_sec)
+        if quota != (
+            domain.dispatcher.pacer.rpm,
+            domain.dispatcher.pacer.tpm,
+            domain.dispatcher.pacer.window,
+        ):
+            domain.dispatcher.pacer = Pacer(*quota)
+
+    def request_reload(self) -> None:
+        """SIGHUP: re-read the files; an invalid configuration is refused, the old one stays."""
+        self.spawn(self._reload_from_files())
+
+    async def _reload_from_files(self) -> None:
+        from app.bootstrap import reload_runtime
+
+        try:
+            new = await asyncio.to_thread(reload_runtime, self.runtime)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration:\n%s", exc.render())
+            return
+        notes = self.reload(new)
+        log.warning("configuration reloaded%s", "".join(f"; {n}" for n in notes))
+
     def begin_drain(self) -> None:
         if not self.draining:
             self.draining = True
@@ -213,8 +277,11 @@ class Gateway:
         while True:
             await asyncio.sleep(1.0)
             self._sync_gauges()
-            if isinstance(self.store, RedisStore) and not self.store.up:
-                await self.store.probe()
+            if isinstance(self.store, RedisStore):
+                if not self.store.up:
+                    await self.store.probe()
+                else:
+                    self.admission.overrides.update(await self.store.load_overrides())
             if isinstance(self.store, MemoryStore):
                 try:
                     await self.store.ledger.flush()
@@ -241,6 +308,66 @@ class Gateway:
                 ready = False
                 body["status"] = "unavailable"
         return ready, body
+
+    @property
+    def limits_shared(self) -> bool:
+        return isinstance(self.store, RedisStore)
+
+    async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
+        """A live per-key limit (admin API), shared with every replica through Redis."""
+        current = self.admission.overrides.get(key.alias) or Limits(
+            key.requests_per_minute, key.tokens_per_minute
+        )
+        limits = Limits(rpm or current.requests_per_minute, tpm or current.tokens_per_minute)
+        self.admission.overrides[key.alias] = limits
+        if isinstance(self.store, RedisStore):
+            await self.store.save_override(key.alias, limits)
+        log.warning("limits of key %s set live to %s", key.alias, limits)
+        return limits
+
+    def status(self) -> dict[str, object]:
+        s = self.runtime.settings
+        keys = [
+            {
+                "alias": k.alias,
+                "priority": k.priority,
+                "domain": k.domain,
+                "models": sorted(k.models) if k.models is not None else None,
+                "limits": dataclasses.asdict(self.admission.limits_for(k)),
+                "live_override": k.alias in self.admission.overrides,
+            }
+            for k in self.runtime.keys
+        ]
+        return {
+            "cluster": s.cluster.name,
+            "uptime_sec": round(time.time() - self.started_at, 1),
+            "draining": self.draining,
+            "workers": self.runtime.workers,
+            "auth": self.runtime.auth_enabled,
+            "domains": {
+                d.name: {
+                    **d.status(),
+                    "retry_budget": d.budget.snapshot(),
+                    "queue_by_priority": d.dispatcher.queue.depth_by_priority(),
+                }
+                for d in self.domains
+            },
+            "limits": {
+                "store": self.store.describe(),
+                "per_worker_divisor": self.admission.divisor,
+                "default": {
+                    "requests_per_minute": s.rate_limit.requests_per_minute,
+                    "tokens_per_minute": s.rate_limit.tokens_per_minute,
+                },
+                "keys": keys,
+            },
+            "routes": {
+                "default": s.model_route.default,
+                "fallback": list(self.runtime.fallbacks),
+                "aliases": s.model_aliases,
+            },
+            "tasks": len(self._tasks),
+        }
 
     def models(self) -> list[str]:
         seen: set[str] = set()

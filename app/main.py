@@ -20,7 +20,7 @@ from app.api.middleware import RequestContext
 from app.gateway import Gateway, TransportFactory
 from app.metrics import Metrics, new_registry
 from app.runtime import Runtime
-from app.server import drain_on_sigterm
+from app.server import lifecycle_signals
 
 
 def create_app(
@@ -38,7 +38,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
         drain = runtime.settings.server.drain_delay_sec
-        guard = drain_on_sigterm(gateway.begin_drain, drain) if handle_signals else nullcontext()
+        guard = (
+            lifecycle_signals(gateway.begin_drain, gateway.request_reload, drain)
+            if handle_signals
+            else nullcontext()
+        )
         try:
             with guard:
                 yield
@@ -58,7 +62,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(admin.router)
     app.add_middleware(CancelOnDisconnect)
-    app.add_middleware(RequestContext)
+    app.add_middleware(RequestContext, draining=lambda: gateway.draining)
     return app
 
 

@@ -61,6 +61,7 @@ class Runtime:
     attempts: int
     workers: int = 1
     source: str = ""
+    files: tuple[str, str] | None = None  # (config.toml, settings.json) for reloads
 
     def domain(self, name: str) -> DomainSpec:
         return next(d for d in self.domains if d.name == name)
@@ -81,6 +82,7 @@ def compile_runtime(
     no_auth: bool = False,
     workers: int = 1,
     source: str = "settings",
+    files: tuple[str, str] | None = None,
 ) -> Runtime:
     problems: list[Problem] = []
     domains = _domains(settings, environ, problems, source)
@@ -113,6 +115,7 @@ def compile_runtime(
         attempts=attempts,
         workers=workers,
         source=source,
+        files=files,
     )
 
 

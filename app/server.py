@@ -57,13 +57,40 @@ def run_server(runtime: Runtime, host: str, port: int, *, workers: int = 1) -> i
         except SystemExit as done:
             return int(done.code or 0)
         return 0 if server.started else 1
-    from uvicorn.supervisors import Multiprocess
-
     config = _config("app.main:factory", runtime, host, port, workers)
     log.info("starting %d workers on %s:%d", workers, host, port)
     sock = config.bind_socket()
-    Multiprocess(config, sockets=[sock]).run()
+    _supervisor(runtime)(config, sockets=[sock]).run()
     return 0
+
+
+def _supervisor(runtime: Runtime) -> Any:
+    from uvicorn.supervisors import Multiprocess
+
+    from app.bootstrap import reload_runtime
+    from app.config.errors import ConfigError
+    from app.metrics import mark_process_dead
+
+    class Supervisor(Multiprocess):
+        """uvicorn's supervisor, but SIGHUP validates the files before replacing workers
+        (one at a time, each replacement serving before its predecessor retires), so a
+        broken edit never takes the fleet down."""
+
+        def handle_hup(self) -> None:
+            try:
+                reload_runtime(runtime)
+            except ConfigError as exc:
+                log.error(
+                    "reload refused, workers keep the running configuration:\n%s", exc.render()
+                )
+                return
+            before = {p.pid for p in self.processes}
+            super().handle_hup()
+            for pid in before - {p.pid for p in self.processes}:
+                if pid is not None:
+                    mark_process_dead(pid)  # drop its live gauges from the aggregate
+
+    return Supervisor
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
@@ -71,8 +98,11 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def drain_on_sigterm(begin_drain: Callable[[], None], delay: float) -> Iterator[None]:
-    """Wrap uvicorn's SIGTERM handler: mark draining, then (after `delay`) let it stop."""
+def lifecycle_signals(
+    begin_drain: Callable[[], None], reload: Callable[[], None], delay: float
+) -> Iterator[None]:
+    """SIGTERM: mark draining, then (after `delay`) hand over to uvicorn's own stop.
+    SIGHUP: reload the configuration files in place."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -92,8 +122,10 @@ def drain_on_sigterm(begin_drain: Callable[[], None], delay: float) -> Iterator[
             forward()
 
     loop.add_signal_handler(signal.SIGTERM, on_term)
+    loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):
-            loop.remove_signal_handler(signal.SIGTERM)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)

@@ -6,9 +6,10 @@ import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import GatewayDep
-from app.errors import AuthenticationFailed, NotFound
+from app.errors import AuthenticationFailed, GatewayError, NotFound
 from app.gateway import Gateway
 
 router = APIRouter(prefix="/admin")
@@ -34,3 +35,36 @@ AdminDep = Annotated[Gateway, Depends(_admin)]
 async def usage(gateway: AdminDep) -> dict[str, object]:
     rows = await gateway.store.usage()
     return {"object": "list", "data": [r.as_dict() for r in rows]}
+
+
+@router.get("/status")
+async def status(gateway: AdminDep) -> dict[str, object]:
+    return gateway.status()
+
+
+class LimitsChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    requests_per_minute: int | None = Field(None, gt=0)
+    tokens_per_minute: int | None = Field(None, gt=0)
+
+
+@router.put("/keys/{alias}/limits")
+async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
+    key = gateway.keys.by_alias.get(alias)
+    if key is None:
+        raise NotFound(f"no gateway key with alias '{alias}'", param="alias")
+    if not gateway.limits_shared and gateway.runtime.workers > 1:
+        err = GatewayError(
+            "with --workers N and no Redis each worker holds its own limits, so a live change "
+            "would reach one worker only: set TOKENGATE_REDIS_URL, or edit settings.json and "
+            "send SIGHUP",
+            code="not_shared",
+        )
+        err.status, err.type = 409, "invalid_request_error"
+        raise err
+    limits = await gateway.set_key_limits(key, change.requests_per_minute, change.tokens_per_minute)
+    return {
+        "alias": alias,
+        "requests_per_minute": limits.requests_per_minute,
+        "tokens_per_minute": limits.tokens_per_minute,
+    }

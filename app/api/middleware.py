@@ -2,13 +2,16 @@
 
 `RequestContext` gives every request an id (the client's `x-request-id` when it is
 a sane token, else a fresh one), stores it in `scope["state"]` and returns it in the
-`x-request-id` response header, on errors too.
+`x-request-id` response header, on errors too. While the gateway drains it also sends
+`connection: close`, so keep-alive clients reconnect (to a live worker or replica)
+instead of racing the listener's shutdown on an idle connection.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,8 +23,9 @@ def new_request_id() -> str:
 
 
 class RequestContext:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> None:
         self.app = app
+        self.draining = draining
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,7 +43,8 @@ class RequestContext:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), header]
+                extra = [header, (b"connection", b"close")] if self.draining() else [header]
+                message["headers"] = [*message.get("headers", ()), *extra]
             await send(message)
 
         await self.app(scope, receive, send_with_id)

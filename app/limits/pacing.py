@@ -22,6 +22,7 @@ class Pacer:
         self, requests_per_minute: int | None, tokens_per_minute: int | None, window_sec: float
     ) -> None:
         self.window = window_sec
+        self.rpm, self.tpm = requests_per_minute, tokens_per_minute
         self._requests = self._limiter(requests_per_minute)
         self._tokens = self._limiter(tokens_per_minute)
 

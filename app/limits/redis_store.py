@@ -197,6 +197,23 @@ class RedisStore:
             rows.append(LedgerRow(alias, model, *(int(values.get(c, 0)) for c in COUNTERS)))
         return rows
 
+    async def save_override(self, key: str, limits: Limits) -> None:
+        value = f"{limits.requests_per_minute},{limits.tokens_per_minute}"
+        await self._client.hset(f"{self.prefix}limits", key, value)
+
+    async def load_overrides(self) -> dict[str, Limits]:
+        """Live limits set on any replica (admin API); polled every second by each."""
+        try:
+            raw = await self._client.hgetall(f"{self.prefix}limits")
+        except (RedisError, OSError) as exc:
+            self._mark_down(exc)
+            return {}
+        out = {}
+        for key, value in raw.items():
+            rpm, _, tpm = str(value).partition(",")
+            out[str(key)] = Limits(int(rpm), int(tpm))
+        return out
+
     def describe(self) -> dict[str, object]:
         return {
             "kind": "redis",

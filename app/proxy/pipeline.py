@@ -59,12 +59,16 @@ class Proxy:
         spawn: Spawn,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.runtime = runtime
         self.domains = domains
         self.admission = admission
         self.metrics = metrics
         self.spawn = spawn
         self.clock = clock
+        self.configure(runtime)
+
+    def configure(self, runtime: Runtime) -> None:
+        """Take routes, aliases and retry policy from `runtime` (at start and on reload)."""
+        self.runtime = runtime
         policy = runtime.settings.retry_policy
         self.cooperate = policy.client_retries == "cooperate"
         self.retry = RetrySpec(

@@ -84,6 +84,11 @@ class UpstreamClient:
         self.transport = transport
         self._headers = upstream_headers(domain)
 
+    def rekey(self, domain: DomainSpec) -> None:
+        """Use a rotated upstream key from the next request on (SIGHUP reload)."""
+        self.domain = domain
+        self._headers = upstream_headers(domain)
+
     async def send(
         self,
         path: str,

@@ -1,0 +1,198 @@
+"""Operations: admin API, live limits, SIGHUP reload, multi-worker metrics, request logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.procs import ROOT, Gateway, GatewaySpec, Sim, digest
+
+Make = Callable[..., Gateway]
+ADMIN = "admin-ops-key-0123456789"
+ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
+BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 3}
+
+
+def admin_gateway(make_gateway: Make, sim: Sim, **kw: object) -> Gateway:
+    spec = GatewaySpec(settings={"admin_key": ADMIN}, **kw)  # type: ignore[arg-type]
+    return make_gateway(spec, sim.url)
+
+
+def chat(gw: Gateway, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(
+        f"{gw.url}/v1/chat/completions", json=BODY, headers=headers or gw.headers(), timeout=30
+    )
+
+
+def test_admin_routes_need_the_admin_key(sim: Sim, make_gateway: Make) -> None:
+    gw = admin_gateway(make_gateway, sim)
+    assert httpx.get(f"{gw.url}/admin/status").status_code == 401
+    assert httpx.get(f"{gw.url}/admin/status", headers=gw.headers()).status_code == 401
+    status = httpx.get(f"{gw.url}/admin/status", headers=ADMIN_H).json()
+    domain = status["domains"]["domain-a"]
+    assert domain["state"] == "healthy" and domain["breaker"] == "closed"
+    assert {"queue_depth", "inflight", "max_inflight", "retry_budget"} <= set(domain)
+    (key,) = status["limits"]["keys"]
+    assert key["alias"] == "alice" and key["limits"]["requests_per_minute"] == 600
+
+
+def test_admin_is_disabled_without_an_admin_key(gateway: Gateway) -> None:
+    r = httpx.get(f"{gateway.url}/admin/status", headers={"authorization": "Bearer x"})
+    assert r.status_code == 404 and "TOKENGATE_ADMIN_KEY" in r.json()["error"]["message"]
+
+
+def test_put_limits_applies_live(sim: Sim, make_gateway: Make) -> None:
+    gw = admin_gateway(make_gateway, sim)
+    r = httpx.put(
+        f"{gw.url}/admin/keys/alice/limits", headers=ADMIN_H, json={"requests_per_minute": 2}
+    )
+    assert r.status_code == 200 and r.json()["requests_per_minute"] == 2
+    statuses = [chat(gw).status_code for _ in range(4)]
+    assert statuses.count(429) >= 2
+    bad = httpx.put(
+        f"{gw.url}/admin/keys/alice/limits", headers=ADMIN_H, json={"requests_per_minute": 0}
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "requests_per_minute"
+    missing = httpx.put(f"{gw.url}/admin/keys/nobody/limits", headers=ADMIN_H, json={})
+    assert missing.status_code == 404
+
+
+async def _hammer(gw: Gateway, stop: asyncio.Event) -> list[str]:
+    """Back-to-back calls through the official SDK (its default retries on connection errors
+    absorb a keep-alive connection closed by a retiring worker)."""
+    outcomes = []
+    client = gw.async_openai(max_retries=2)
+    while not stop.is_set() or len(outcomes) < 20:
+        try:
+            await client.chat.completions.create(**BODY)  # type: ignore[arg-type]
+            outcomes.append("ok")
+        except Exception as exc:
+            outcomes.append(repr(exc))
+    await client.close()
+    return outcomes
+
+
+def _add_key(gw: Gateway, alias: str) -> str:
+    path = gw.workdir / "settings.json"
+    settings = json.loads(path.read_text())
+    secret = f"tg-reloaded-{alias}-0123456789"
+    settings["keys"].append({"alias": alias, "key_sha256": digest(secret)})
+    path.write_text(json.dumps(settings))
+    return secret
+
+
+def _wait_for(check: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sighup_reload_picks_up_keys_without_dropping_requests(
+    sim: Sim, make_gateway: Make, workers: int
+) -> None:
+    gw = make_gateway(
+        GatewaySpec(
+            args=["--workers", str(workers)], keys={"alice": {"requests_per_minute": 1_000_000}}
+        ),
+        sim.url,
+    )
+    stop = asyncio.Event()
+    load = asyncio.ensure_future(_hammer(gw, stop))
+    await asyncio.sleep(0.5)
+    new_key = _add_key(gw, "bob")
+    gw.proc.send_signal(signal.SIGHUP)
+    new = {"authorization": f"Bearer {new_key}", "connection": "close"}
+    # every worker has the new key once 10 fresh connections in a row accept it
+    await asyncio.to_thread(
+        _wait_for, lambda: all(chat(gw, new).status_code == 200 for _ in range(10)), 30
+    )
+    stop.set()
+    outcomes = await load
+    assert len(outcomes) > 10 and set(outcomes) == {"ok"}  # no request failed meanwhile
+    assert chat(gw).status_code == 200  # the old key still works
+
+
+def test_invalid_reload_is_refused_and_the_old_config_stays(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(GatewaySpec(), sim.url)
+    (gw.workdir / "settings.json").write_text('{"rate_limit": {"requests_per_minute": -1}}')
+    gw.proc.send_signal(signal.SIGHUP)
+    _wait_for(lambda: any("reload refused" in line.get("msg", "") for line in gw.log_lines()))
+    assert chat(gw).status_code == 200
+    refused = next(x for x in gw.log_lines() if "reload refused" in x.get("msg", ""))
+    assert "rate_limit.requests_per_minute" in refused["msg"]
+
+
+def _requests_total(metrics: str) -> float:
+    return sum(
+        float(v) for v in re.findall(r"^tokengate_requests_total\{[^}]*\} (\S+)$", metrics, re.M)
+    )
+
+
+def test_two_workers_metrics_sum_both(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(GatewaySpec(args=["--workers", "2"]), sim.url)
+    with httpx.Client(timeout=30) as c:  # new connections spread over both workers
+        for _ in range(20):
+            c.post(
+                f"{gw.url}/v1/chat/completions",
+                json=BODY,
+                headers={**gw.headers(), "connection": "close"},
+            )
+    pids = {line.get("pid") for line in gw.log_lines() if line.get("logger") == "tokengate.access"}
+    scrapes = [
+        _requests_total(httpx.get(f"{gw.url}/metrics", headers={"connection": "close"}).text)
+        for _ in range(6)
+    ]
+    assert scrapes == [20.0] * 6, scrapes
+    assert len(pids) == 2, "both workers should have served requests"
+    starts = [x["msg"] for x in gw.log_lines() if "per-key limits" in x.get("msg", "")]
+    assert starts and all("split per worker" in m for m in starts)
+
+
+def test_one_json_log_line_per_request_with_its_story(sim: Sim, make_gateway: Make) -> None:
+    gw = make_gateway(GatewaySpec(), sim.url)
+    r = chat(gw)
+    (line,) = gw.access()
+    assert line["request_id"] == r.headers["x-request-id"]
+    assert (line["key"], line["domain"], line["model"], line["status"]) == (
+        "alice",
+        "domain-a",
+        "gpt-4o",
+        200,
+    )
+    assert line["prompt_tokens"] == 4 and line["completion_tokens"] == 3
+    assert line["queue_ms"] >= 0 and line["upstream_ms"] > 0
+    assert [a["outcome"] for a in line["attempts"]] == ["ok"]
+    text = gw.log_path.read_text()
+    assert "ping" not in text  # no prompt text in logs by default
+    assert gw.key not in text
+
+
+def test_unwritable_log_directory_is_a_startup_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "TAOTOKEN_API_KEY": "sk-x",
+            "TOKENGATE_KEYS": json.dumps([{"alias": "a", "key_sha256": "a" * 64}]),
+            "TOKENGATE_LOGGING__OUTPUT": str(tmp_path / "missing" / "gw.log"),
+        },
+    )
+    assert proc.returncode == 2
+    assert "logging.output" in proc.stderr and "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
