@@ -7,11 +7,10 @@ so every process validates the same way and fails with the same message.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
-from app.config.sources import ConfigFiles, default_files, load_settings
+from app.config.sources import ConfigFiles, default_files, load_settings, secret_environ
 from app.log import setup_logging
 from app.runtime import Runtime, compile_runtime
 
@@ -22,10 +21,11 @@ def load_runtime(
     files: ConfigFiles | None = None, *, no_auth: bool = False, workers: int = 1
 ) -> Runtime:
     files = files or default_files()
-    settings = load_settings(files)
+    environ = secret_environ()  # re-read on every (re)load: rotated secrets apply
+    settings = load_settings(files, environ)
     return compile_runtime(
         settings,
-        os.environ,
+        environ,
         no_auth=no_auth,
         workers=workers,
         source=f"{files.settings} / {files.config}",

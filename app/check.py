@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from app.config.errors import ConfigError
-from app.config.sources import ConfigFiles, load_settings
+from app.config.sources import ConfigFiles, load_settings, secret_environ
 from app.runtime import Runtime, compile_runtime
 
 PROBES, WORKERS = 16, 8
@@ -237,12 +237,11 @@ def run_check(files: ConfigFiles, *, target: str | None, key: str | None) -> int
     runtime: Runtime | None = None
     if target is None or (files.config.exists() and files.settings.exists()):
         try:
-            settings = load_settings(files)
+            environ = secret_environ()
+            settings = load_settings(files, environ)
+            # The chain to the upstream does not need gateway keys; `serve` does (noted below).
             runtime = compile_runtime(
-                settings,
-                os.environ,
-                no_auth=target is not None,
-                source=f"{files.settings} / {files.config}",
+                settings, environ, no_auth=True, source=f"{files.settings} / {files.config}"
             )
         except ConfigError as exc:
             _say(exc.render())
@@ -255,6 +254,11 @@ def run_check(files: ConfigFiles, *, target: str | None, key: str | None) -> int
         else:
             names = ", ".join(f"{d.name} -> {d.api_base}" for d in runtime.domains)
             _say(f"      ok: {len(runtime.domains)} domain(s): {names}")
+            if not settings.keys:
+                _say(
+                    "      note: no gateway keys in `keys`: `tokengate serve` will refuse to "
+                    "start (run `tokengate keys new --alias NAME`)"
+                )
     else:
         _say("      skipped: no local config files (checking a remote gateway)")
     timeout = (runtime.settings.token_scheduler.timeout_ms / 1000) if runtime else 30.0

@@ -68,6 +68,7 @@ class Gateway:
         )
         self.proxy = Proxy(runtime, self.domains, self.admission, metrics, self.spawn)
         self.draining = False
+        self._unresolved: set[str] = set()
         self._drain_started = 0.0
         self.started_at = time.time()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -182,6 +183,7 @@ class Gateway:
         self.proxy.configure(self.runtime)
         self.metrics.add_models(self._configured_models())
         logging.getLogger("tokengate").setLevel(new.settings.logging.level.upper())
+        self._check_routes()
         return notes
 
     def _retune(self, domain: Domain, spec: DomainSpec) -> None:
@@ -265,7 +267,35 @@ class Gateway:
             log.warning("health probe of domain %s failed: %s", domain.name, result.detail)
         if domain.discovered:
             self.metrics.add_models(domain.discovered)
+        self._check_routes()
         self._sync_gauges()
+
+    def route_targets(self) -> set[str]:
+        s = self.runtime.settings
+        aliases = s.model_aliases
+        named = [s.model_route.default, *self.runtime.fallbacks]
+        return {aliases.get(m, m) for m in named if m} | set(aliases.values())
+
+    def route_state(self) -> dict[str, list[str]]:
+        """Route and alias targets no domain lists (`unverified`: a list is still unknown)."""
+        known = [d.models() for d in self.domains]
+        listed = set().union(*(m for m in known if m is not None))
+        missing = sorted(self.route_targets() - listed)
+        if any(m is None for m in known):
+            return {"unresolved": [], "unverified": missing}
+        return {"unresolved": missing, "unverified": []}
+
+    def _check_routes(self) -> None:
+        unresolved = set(self.route_state()["unresolved"])
+        for model in sorted(self.route_targets()):
+            self.metrics.set_route_unresolved(model, model in unresolved)
+        for model in sorted(unresolved - self._unresolved):
+            log.warning(
+                "model route target %r is listed by no domain's /v1/models: fix model_route / "
+                "model_aliases in settings.json or that domain's `models`",
+                model,
+            )
+        self._unresolved = unresolved
 
     async def _health_loop(self, domain: Domain) -> None:
         interval = self.runtime.settings.health_check.interval_sec
@@ -301,6 +331,7 @@ class Gateway:
         body: dict[str, object] = {
             "status": "ready" if ready else ("draining" if self.draining else "unavailable"),
             "domains": domains,
+            "routes": self.route_state(),
         }
         if isinstance(self.store, RedisStore):
             body["redis"] = {"up": self.store.up, "fail_mode": self.store.fail_mode}

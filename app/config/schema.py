@@ -135,9 +135,10 @@ class ScaleUpConfig(Section):
     weight: float = Field(
         1.0, gt=0, description="Routing weight among domains serving the same model."
     )
-    api_style: Literal["openai", "anthropic"] = Field(
+    api_style: Literal["openai", "anthropic", "both"] = Field(
         "openai",
-        description="Upstream dialect; `anthropic` domains also accept `POST /v1/messages`.",
+        description="Which API the upstream speaks: `openai` (chat/completions/embeddings), "
+        "`anthropic` (`POST /v1/messages`, authenticated with `x-api-key`) or `both`.",
     )
 
 

@@ -68,27 +68,47 @@ class GatewayEnvSource(EnvSettingsSource):
         return {k.lower(): v for k, v in env.items()}
 
 
+def secret_environ(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment, overlaid with `TOKENGATE_SECRETS_DIR` (one file per variable).
+
+    Kubernetes and Docker mount secrets as files and update them in place; re-reading
+    this directory on SIGHUP is how an upstream key is rotated without a restart (a
+    process's own environment can not be changed from outside).
+    """
+    env = dict(os.environ if environ is None else environ)
+    folder = env.get("TOKENGATE_SECRETS_DIR")
+    if folder:
+        for entry in sorted(Path(folder).glob("*")):
+            if entry.is_file() and not entry.name.startswith("."):
+                env[entry.name] = entry.read_text("utf-8").strip()
+    return env
+
+
 class ExpandingJsonSource(JsonConfigSettingsSource):
     """settings.json with `${VAR}` placeholders filled from the environment."""
 
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self.environ = environ  # read by _read_file, which the parent's __init__ calls
+        super().__init__(settings_cls)
+
     def _read_file(self, file_path: Path) -> dict[str, Any]:  # type: ignore[override]
         data = super()._read_file(file_path)
-        expanded: dict[str, Any] = _expand(data, (), file_path)
+        expanded: dict[str, Any] = _expand(data, (), file_path, self.environ)
         return expanded
 
 
-def _expand(value: Any, path: tuple[str | int, ...], file: Path) -> Any:
+def _expand(value: Any, path: tuple[str | int, ...], file: Path, env: Mapping[str, str]) -> Any:
     if isinstance(value, dict):
-        return {k: _expand(v, (*path, k), file) for k, v in value.items()}
+        return {k: _expand(v, (*path, k), file, env) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v, (*path, i), file) for i, v in enumerate(value)]
+        return [_expand(v, (*path, i), file, env) for i, v in enumerate(value)]
     if isinstance(value, str) and "${" in value:
-        return _VAR.sub(lambda m: _lookup(m.group(1), path, file), value)
+        return _VAR.sub(lambda m: _lookup(m.group(1), path, file, env), value)
     return value
 
 
-def _lookup(name: str, path: tuple[str | int, ...], file: Path) -> str:
-    found = os.environ.get(name)
+def _lookup(name: str, path: tuple[str | int, ...], file: Path, env: Mapping[str, str]) -> str:
+    found = env.get(name)
     if found is None or found == "":
         raise ConfigError(
             [
@@ -108,6 +128,7 @@ class _FileBound(Settings):
     """Settings with its file sources wired in; subclassed per pair of paths."""
 
     model_config = SettingsConfigDict()
+    environ: ClassVar[Mapping[str, str] | None] = None
 
     @classmethod
     def settings_customise_sources(
@@ -121,12 +142,16 @@ class _FileBound(Settings):
         return (
             init_settings,
             GatewayEnvSource(settings_cls),
-            ExpandingJsonSource(settings_cls),
+            _json_source(cls),
             TomlConfigSettingsSource(settings_cls),
         )
 
 
-def load_settings(files: ConfigFiles) -> Settings:
+def _json_source(cls: type[_FileBound]) -> ExpandingJsonSource:
+    return ExpandingJsonSource(cls, cls.environ if cls.environ is not None else os.environ)
+
+
+def load_settings(files: ConfigFiles, environ: Mapping[str, str] | None = None) -> Settings:
     """Load and validate; raise `ConfigError` listing every problem with its fix."""
     for path in (files.config, files.settings):
         if not path.is_file():
@@ -141,7 +166,7 @@ def load_settings(files: ConfigFiles) -> Settings:
                     )
                 ]
             )
-    bound = _bind(files)
+    bound = _bind(files, environ)
     try:
         settings: Settings = bound()
     except ValidationError as exc:
@@ -168,9 +193,11 @@ def load_settings(files: ConfigFiles) -> Settings:
     return settings
 
 
-def _bind(files: ConfigFiles) -> type[Settings]:
+def _bind(files: ConfigFiles, environ: Mapping[str, str] | None) -> type[Settings]:
     config = SettingsConfigDict(toml_file=files.config, json_file=files.settings)
-    return type("BoundSettings", (_FileBound,), {"model_config": config})
+    bound: type[_FileBound] = type("BoundSettings", (_FileBound,), {"model_config": config})
+    bound.environ = environ
+    return bound
 
 
 class _Origins:

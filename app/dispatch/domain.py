@@ -51,6 +51,10 @@ class Domain:
         models = self.models()
         return models is None or model in models
 
+    def speaks(self, anthropic: bool) -> bool:
+        style = self.spec.api_style
+        return style == "both" or style == ("anthropic" if anthropic else "openai")
+
     def available(self) -> bool:
         return self.healthy is not False and not self.breaker.is_open
 

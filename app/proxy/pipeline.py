@@ -27,6 +27,7 @@ from app.errors import (
     GatewayError,
     InvalidRequest,
     ModelNotFound,
+    NotFound,
     PermissionDenied,
     ServiceUnavailable,
     UpstreamFailed,
@@ -122,7 +123,14 @@ class Proxy:
             raise PermissionDenied(
                 f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
             )
-        first = serving(self.domains, target, key.domain)
+        domains = [d for d in self.domains if d.speaks(call.endpoint.anthropic)]
+        if not domains:
+            raise NotFound(
+                f"no domain speaks the API of {call.endpoint.path}: set api_style = "
+                f'"{"anthropic" if call.endpoint.anthropic else "openai"}" (or "both") on a '
+                "[[scale_up]] domain"
+            )
+        first = serving(domains, target, key.domain)
         if not first:
             raise ModelNotFound(_not_found(asked, key.domain), param="model")
         plan = [(target, first)]
@@ -130,7 +138,7 @@ class Proxy:
             fb = self.aliases.get(name, name)
             if fb == target or not self._allowed(key.models, name, fb):
                 continue
-            candidates = serving(self.domains, fb, key.domain)
+            candidates = serving(domains, fb, key.domain)
             if candidates:
                 plan.append((fb, candidates))
         return target, plan

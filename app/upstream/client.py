@@ -60,15 +60,17 @@ def forwardable(raw_headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers if k in FORWARDED}
 
 
-def upstream_headers(domain: DomainSpec) -> dict[str, str]:
-    """The domain's credential and fixed headers: the only place a key is put on the wire."""
+def upstream_headers(domain: DomainSpec, *, anthropic: bool = False) -> dict[str, str]:
+    """The domain's credential and fixed headers: the only place a key is put on the wire.
+
+    Anthropic's Messages API takes the key in `x-api-key`; OpenAI's in a bearer token."""
     key = domain.api_key.get_secret_value()
     headers = {
         "content-type": "application/json",
         "accept": "application/json, text/event-stream",
         "user-agent": USER_AGENT,
     }
-    if domain.api_style == "anthropic":
+    if anthropic:
         headers["x-api-key"] = key
         headers["anthropic-version"] = "2023-06-01"
     else:
@@ -83,11 +85,13 @@ class UpstreamClient:
         self.domain = domain
         self.transport = transport
         self._headers = upstream_headers(domain)
+        self._anthropic = upstream_headers(domain, anthropic=True)
 
     def rekey(self, domain: DomainSpec) -> None:
         """Use a rotated upstream key from the next request on (SIGHUP reload)."""
         self.domain = domain
         self._headers = upstream_headers(domain)
+        self._anthropic = upstream_headers(domain, anthropic=True)
 
     async def send(
         self,
@@ -99,10 +103,13 @@ class UpstreamClient:
         method: str = "POST",
         client_headers: Mapping[str, str] | None = None,
     ) -> UpstreamResponse:
-        headers = {**self._headers, "x-request-id": request_id}
+        base = self._anthropic if path == "/v1/messages" else self._headers
+        headers = {**base, "x-request-id": request_id}
         if client_headers:
             # Allowlisted API-semantics headers only; they can never replace the credential.
-            headers.update((k, v) for k, v in client_headers.items() if k not in self._headers)
+            headers.update(
+                (k, v) for k, v in client_headers.items() if k not in ("x-api-key", "authorization")
+            )
         if body is None:
             headers.pop("content-type")
         url = self.domain.api_base + path
