@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from app.auth import KeyIndex
+from app.batch.runner import BatchRunner
+from app.batch.service import BatchService
+from app.batch.store import BatchStore
 from app.config.errors import ConfigError
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
@@ -67,6 +70,11 @@ class Gateway:
             self.store, metrics, divisor=1 if shared else max(1, runtime.workers)
         )
         self.proxy = Proxy(runtime, self.domains, self.admission, metrics, self.spawn)
+        self.batch_store = BatchStore(Path(s.batch.path))
+        self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
+        self.batch_runner = BatchRunner(
+            self.batch_store, s.batch, self.proxy, lambda alias: self.keys.by_alias.get(alias)
+        )
         self.draining = False
         self._unresolved: set[str] = set()
         self._drain_started = 0.0
@@ -94,6 +102,7 @@ class Gateway:
             max_inflight=spec.max_inflight,
             pacer=Pacer(spec.requests_per_minute, spec.tokens_per_minute, spec.quota_window_sec),
             metrics=self.metrics,
+            batch_share=s.batch.share,
         )
         return Domain(
             spec=spec,
@@ -127,8 +136,12 @@ class Gateway:
         return models
 
     # -- lifecycle ---------------------------------------------------------------------
+    def _wake_batches(self) -> None:
+        self.batch_runner.wake.set()
+
     async def start(self) -> None:
         await self.store.start()
+        await self.batch_store.start()
         self._describe_limits()
         if self.runtime.settings.health_check.enabled:
             await asyncio.gather(*(self._probe(d) for d in self.domains))
@@ -137,6 +150,7 @@ class Gateway:
             if self.runtime.settings.health_check.enabled:
                 self._loops.append(asyncio.create_task(self._health_loop(domain)))
         self._loops.append(asyncio.create_task(self._housekeeping()))
+        self._loops.append(asyncio.create_task(self.batch_runner.run()))
         self._sync_gauges()
 
     def _describe_limits(self) -> None:
@@ -234,6 +248,9 @@ class Gateway:
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.batch_runner.release()  # a restart resumes our batches at once
+            await self.batch_store.close()
         for domain in self.domains:
             await domain.dispatcher.stop()
         if self._tasks:

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager, nullcontext
 
 from fastapi import FastAPI
 
-from app.api import admin, errors, health, openai
+from app.api import admin, batches, errors, health, openai
 from app.api.disconnect import CancelOnDisconnect
 from app.api.middleware import RequestContext
 from app.gateway import Gateway, TransportFactory
@@ -59,6 +59,7 @@ def create_app(
     app.state.gateway = gateway
     errors.install(app)
     app.include_router(openai.router)
+    app.include_router(batches.router)
     app.include_router(health.router)
     app.include_router(admin.router)
     app.add_middleware(CancelOnDisconnect)

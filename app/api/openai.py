@@ -10,10 +10,10 @@ from starlette.responses import Response
 from app.api.body import read_body
 from app.api.deps import CallerDep, GatewayDep, request_id
 from app.api.responses import SseResponse, json_response
-from app.api.wire import parse_call
 from app.gateway import Gateway
 from app.proxy.answer import StreamAnswer
 from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
+from app.proxy.wire import parse_call
 from app.runtime import KeySpec
 from app.upstream.client import forwardable
 

@@ -324,6 +324,34 @@ class LedgerConfig(Section):
     )
 
 
+class BatchConfig(Section):
+    path: str = Field(
+        "var/batches.sqlite3",
+        description="SQLite file holding uploaded files, batches and their items (survives "
+        "crashes; a batch resumes where it stopped).",
+    )
+    max_file_bytes: PositiveInt = Field(
+        100 * 1024 * 1024, description="Largest `POST /v1/files` upload; larger gets 413."
+    )
+    max_items: PositiveInt = Field(50000, description="Most requests in one batch.")
+    concurrency: PositiveInt = Field(
+        16, description="Items of one batch in flight at once from one process."
+    )
+    share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Fraction of a domain's `max_inflight` batch items may hold; interactive "
+        "traffic always keeps the rest and is always dispatched first.",
+    )
+    lease_sec: float = Field(
+        10,
+        gt=0,
+        description="A batch is owned by one process for this long, renewed while "
+        "it runs; after a crash another process (or the restart) takes it over.",
+    )
+
+
 class Settings(BaseSettings):
     """The whole configuration. Paths are bound by `app.config.sources.load_settings`."""
 
@@ -372,3 +400,4 @@ class Settings(BaseSettings):
     redis: RedisConfig = Field(default_factory=RedisConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)

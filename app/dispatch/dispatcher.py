@@ -28,16 +28,17 @@ from app.metrics import Metrics
 
 
 class Slot:
-    __slots__ = ("_owner", "released")
+    __slots__ = ("_owner", "batch", "released")
 
-    def __init__(self, owner: Dispatcher) -> None:
+    def __init__(self, owner: Dispatcher, batch: bool = False) -> None:
         self._owner = owner
+        self.batch = batch
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._owner._release()
+            self._owner._release(self.batch)
 
 
 class Dispatcher:
@@ -52,6 +53,7 @@ class Dispatcher:
         max_inflight: int,
         pacer: Pacer,
         metrics: Metrics,
+        batch_share: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.domain = domain
@@ -64,6 +66,8 @@ class Dispatcher:
         self.metrics = metrics
         self.clock = clock
         self.inflight = 0
+        self.batch_inflight = 0
+        self.batch_share = batch_share
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -84,6 +88,11 @@ class Dispatcher:
             self._task = None
 
     @property
+    def batch_cap(self) -> int:
+        """Slots batch items may hold: interactive traffic keeps the rest."""
+        return max(1, int(self.max_inflight * self.batch_share))
+
+    @property
     def idle(self) -> bool:
         return self.inflight == 0 and len(self.queue) == 0
 
@@ -95,14 +104,15 @@ class Dispatcher:
 
     # -- requests' side -----------------------------------------------------------------
     async def acquire(self, key: str, priority: str, cost: int) -> Slot:
+        batch = priority == "batch"
         if self.inflight == 0 and len(self.queue) == 0 and self.pacer.ready(cost):
             # An idle domain dispatches a lone request at once.
             if self.pacer.enabled:
                 await self.pacer.acquire(cost)
-            self._take()
+            self._take(batch)
             self.metrics.record_batch(self.domain, 1)
             self.metrics.record_queue_wait(self.domain, 0.0)
-            return Slot(self)
+            return Slot(self, batch)
         return await self._wait_in_queue(Job(key, priority, cost, self.clock()))
 
     async def _wait_in_queue(self, job: Job) -> Slot:
@@ -121,7 +131,7 @@ class Dispatcher:
         except TimeoutError:
             self._forget(job)
             if _was_granted(job):
-                return Slot(self)
+                return Slot(self, job.priority == "batch")
             raise ServiceUnavailable(
                 f"request waited longer than max_queue_wait_ms ({int(self.max_wait * 1000)} ms) "
                 f"in domain {self.domain!r}'s queue",
@@ -132,10 +142,10 @@ class Dispatcher:
         except asyncio.CancelledError:
             self._forget(job)
             if _was_granted(job):
-                self._release()
+                self._release(job.priority == "batch")
             raise
         self.metrics.record_queue_wait(self.domain, self.clock() - job.enqueued_at)
-        return Slot(self)
+        return Slot(self, job.priority == "batch")
 
     def _forget(self, job: Job) -> None:
         self.queue.cancel(job)
@@ -149,12 +159,14 @@ class Dispatcher:
         ahead = len(self.queue) + 1
         return min(60.0, max(0.05, ahead / rate if rate > 0 else 1.0))
 
-    def _take(self) -> None:
+    def _take(self, batch: bool = False) -> None:
         self.inflight += 1
+        self.batch_inflight += batch
         self.metrics.set_inflight(self.domain, self.inflight)
 
-    def _release(self) -> None:
+    def _release(self, batch: bool = False) -> None:
         self.inflight -= 1
+        self.batch_inflight -= batch
         self._drain.tick()
         self.metrics.set_inflight(self.domain, self.inflight)
         if len(self.queue):
@@ -165,7 +177,7 @@ class Dispatcher:
     # -- the loop --------------------------------------------------------------------------
     async def _run(self) -> None:
         while True:
-            if not len(self.queue) or self.inflight >= self.max_inflight:
+            if not self._can_release():
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -177,16 +189,21 @@ class Dispatcher:
             self.metrics.set_queue_depth(self.domain, len(self.queue))
             await asyncio.sleep(0)  # let the group's requests start before the next group
 
+    def _can_release(self) -> bool:
+        if not len(self.queue) or self.inflight >= self.max_inflight:
+            return False
+        return self.queue.interactive_waiting() or self.batch_inflight < self.batch_cap
+
     async def _release_group(self) -> int:
         released = 0
         while released < self.batch_size and self.inflight < self.max_inflight:
-            job = self.queue.pop()
+            job = self.queue.pop(allow_batch=self.batch_inflight < self.batch_cap)
             if job is None:
                 break
             if self.pacer.enabled:
                 await self.pacer.acquire(job.cost)
             if job.grant():
-                self._take()
+                self._take(job.priority == "batch")
                 released += 1
         return released
 

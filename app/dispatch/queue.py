@@ -1,6 +1,8 @@
 """A domain's queue: strict priority between classes, fair queuing within one.
 
-    high ──► normal ──► low          a class is served only when every higher one is empty
+    high ──► normal ──► low ──► batch   a class is served only when every higher one is
+                                        empty; `batch` (batch-API items) only when the
+                                        dispatcher also has spare capacity for it
       │
       └─ per-key FIFO lanes, served by start-time fair queuing (SFQ) on estimated
          tokens: a lane's head is tagged `start = max(virtual time, the lane's last
@@ -22,6 +24,8 @@ from itertools import count
 
 from app.dispatch.job import Job
 from app.runtime import PRIORITIES
+
+CLASSES = (*PRIORITIES, "batch")
 
 MAX_COST = 1 << 20  # one estimate can not push its key's next turn out by more than this
 
@@ -73,7 +77,7 @@ class _ClassLanes:
 class DomainQueue:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._classes = {p: _ClassLanes() for p in PRIORITIES}
+        self._classes = {p: _ClassLanes() for p in CLASSES}
         self._size = 0
 
     def __len__(self) -> int:
@@ -87,8 +91,8 @@ class DomainQueue:
         self._size += 1
         return True
 
-    def pop(self) -> Job | None:
-        for priority in PRIORITIES:
+    def pop(self, *, allow_batch: bool = True) -> Job | None:
+        for priority in CLASSES if allow_batch else PRIORITIES:
             job = self._classes[priority].pop()
             if job is not None:
                 job.in_queue = False
@@ -102,6 +106,9 @@ class DomainQueue:
         if job.in_queue:
             job.in_queue = False
             self._size -= 1
+
+    def interactive_waiting(self) -> bool:
+        return any(self._classes[p].lanes for p in PRIORITIES)
 
     def depth_by_priority(self) -> dict[str, int]:
         return {

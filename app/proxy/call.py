@@ -48,6 +48,11 @@ class ProxyCall:
     choices: int = 1
     client_headers: Mapping[str, str] = field(default_factory=dict)
     started: float = 0.0
+    priority: str | None = None  # overrides the key's class (batch items run as "batch")
+
+    @property
+    def queue_class(self) -> str:
+        return self.priority or self.key.priority
 
     @property
     def client_wants_usage(self) -> bool:

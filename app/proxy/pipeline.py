@@ -175,7 +175,7 @@ class Proxy:
     ) -> tuple[Reply, Slot]:
         queued = self.clock()
         slot = await domain.dispatcher.acquire(
-            call.key.alias, call.key.priority, call.cost(self.default_max_tokens)
+            call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
         )
         trace.queue_ms += (self.clock() - queued) * 1000
         body = call.body_for(model)
