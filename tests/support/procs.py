@@ -251,6 +251,7 @@ def start_gateway(
     settings = _merge({"logging": {}}, settings)
     toml = _merge(toml, {"logging": {"output": str(log_path)}})
     settings.setdefault("ledger", {"path": str(workdir / "ledger.sqlite3")})
+    settings["batch"] = {"path": str(workdir / "batches.sqlite3"), **settings.get("batch", {})}
     (workdir / "config.toml").write_text(tomli_w.dumps(toml))
     (workdir / "settings.json").write_text(json.dumps(settings, indent=2))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENGATE_", "PROMETHEUS_"))}
