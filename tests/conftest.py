@@ -1,4 +1,10 @@
-"""Shared fixtures: real processes for e2e tests (see tests/support/procs.py)."""
+"""Shared fixtures: real processes for e2e tests (see tests/support/procs.py).
+
+Starting a process costs a second or two on this machine, so the plain simulator is one
+per session (reset before every test: faults off, records and counters cleared) and the
+default gateway is one per module. Tests that need their own flags use `make_sim` /
+`make_gateway`, which start fresh processes and stop them after the test.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +24,18 @@ from tests.support.procs import (
 )
 
 
-@pytest.fixture
-def sim() -> Iterator[Sim]:
+@pytest.fixture(scope="session")
+def _shared_sim() -> Iterator[Sim]:
     s = start_sim()
     yield s
     s.stop()
+
+
+@pytest.fixture
+def sim(_shared_sim: Sim) -> Sim:
+    _shared_sim.faults()
+    _shared_sim.clear()
+    return _shared_sim
 
 
 @pytest.fixture
@@ -53,9 +66,18 @@ def make_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
         gw.stop()
 
 
+@pytest.fixture(scope="module")
+def _module_gateway(_shared_sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    gw = start_gateway(tmp_path_factory.mktemp("gateway"), GatewaySpec(), _shared_sim.url)
+    yield gw
+    gw.stop()
+
+
 @pytest.fixture
-def gateway(sim: Sim, make_gateway: Callable[..., Gateway]) -> Gateway:
-    return make_gateway(GatewaySpec(), sim.url)
+def gateway(sim: Sim, _module_gateway: Gateway) -> Gateway:
+    """The default gateway (seed config, one key `alice`) in front of `sim`; shared by the
+    tests of a module, so a test must not change its state (use `make_gateway` for that)."""
+    return _module_gateway
 
 
 @pytest.fixture

@@ -95,12 +95,12 @@ class RedisStore:
 
     async def _mark_up(self) -> None:
         was_down = not self.up
+        if was_down:
+            await self._replay()  # before announcing recovery: the ledger is whole again
+            log.warning("redis reachable again; shared limits restored")
         self.up = True
         if self._on_state is not None:
             self._on_state(True)
-        if was_down:
-            log.warning("redis reachable again; shared limits restored")
-            await self._replay()
 
     async def _replay(self) -> None:
         for row in self._backlog.drain_pending():

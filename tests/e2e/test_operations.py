@@ -116,7 +116,7 @@ async def test_sighup_reload_picks_up_keys_without_dropping_requests(
     new = {"authorization": f"Bearer {new_key}", "connection": "close"}
     # every worker has the new key once 10 fresh connections in a row accept it
     await asyncio.to_thread(
-        _wait_for, lambda: all(chat(gw, new).status_code == 200 for _ in range(10)), 30
+        _wait_for, lambda: all(chat(gw, new).status_code == 200 for _ in range(10)), 90
     )
     stop.set()
     outcomes = await load
