@@ -118,10 +118,10 @@ class LocalLedger:
                 await asyncio.to_thread(self._write, list(pending.values()))
             except Exception:
                 for row in pending.values():  # keep them for the next flush
-                    self._merge(row)
+                    self.merge(row)
                 raise
 
-    def _merge(self, row: LedgerRow) -> None:
+    def merge(self, row: LedgerRow) -> None:
         mine = self._pending.setdefault((row.key, row.model), LedgerRow(row.key, row.model))
         mine.add(tuple(getattr(row, c) for c in COUNTERS))
 

@@ -96,14 +96,16 @@ class RedisStore:
     async def _mark_up(self) -> None:
         was_down = not self.up
         if was_down:
-            await self._replay()  # before announcing recovery: the ledger is whole again
+            if not await self._replay():  # before announcing recovery: the ledger is whole
+                return
             log.warning("redis reachable again; shared limits restored")
         self.up = True
         if self._on_state is not None:
             self._on_state(True)
 
-    async def _replay(self) -> None:
-        for row in self._backlog.drain_pending():
+    async def _replay(self) -> bool:
+        rows = self._backlog.drain_pending()
+        for i, row in enumerate(rows):
             entry = UsageEntry(row.key, row.model)
             values = [getattr(row, c) for c in COUNTERS]
             try:
@@ -112,9 +114,11 @@ class RedisStore:
                     ["ledger", *self._ledger_args(entry, values)],
                 )
             except (RedisError, OSError) as exc:
-                self._backlog._merge(row)
+                for unsent in rows[i:]:
+                    self._backlog.merge(unsent)
                 self._mark_down(exc)
-                return
+                return False
+        return True
 
     # -- keys ---------------------------------------------------------------------
     def _bucket_keys(self, key: str) -> list[str]:
