@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, nullcontext
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from starlette.types import ASGIApp
 
 from app.api import admin, batches, errors, health, openai
 from app.api.disconnect import CancelOnDisconnect
 from app.api.middleware import RequestContext
+from app.api.proxy import ROUTES, ProxyRoutes
 from app.gateway import Gateway, TransportFactory
 from app.metrics import Metrics, new_registry
 from app.runtime import Runtime
@@ -29,7 +33,9 @@ def create_app(
     metrics: Metrics | None = None,
     transport_factory: TransportFactory | None = None,
     handle_signals: bool = False,
-) -> FastAPI:
+) -> ASGIApp:
+    """The gateway's ASGI app: the pure-ASGI front (request id, disconnects, proxy routes)
+    around FastAPI, which serves every other route."""
     gateway = Gateway(
         runtime, metrics or Metrics(new_registry()), transport_factory=transport_factory
     )
@@ -62,12 +68,41 @@ def create_app(
     app.include_router(batches.router)
     app.include_router(health.router)
     app.include_router(admin.router)
-    app.add_middleware(CancelOnDisconnect)
-    app.add_middleware(RequestContext, draining=lambda: gateway.draining)
-    return app
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    # Outside FastAPI, so a proxied request crosses none of its middleware layers.
+    front = ProxyRoutes(app, gateway)
+    return RequestContext(CancelOnDisconnect(front), draining=lambda: gateway.draining)
 
 
-def factory() -> FastAPI:
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the pure-ASGI proxy routes (`app.api.proxy`)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for path, endpoint in ROUTES.items():
+            schema["paths"][path] = {"post": _proxy_operation(endpoint.name)}
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def _proxy_operation(name: str) -> dict[str, Any]:
+    body = {
+        "type": "object",
+        "required": ["messages"] if name in ("chat", "messages") else [],
+        "additionalProperties": True,
+    }
+    return {
+        "summary": f"{name} (proxied to the upstream of the serving domain)",
+        "operationId": f"proxy_{name}",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": {
+            "200": {"description": "the upstream's answer (JSON or text/event-stream)"},
+            "default": {"description": "an OpenAI-style error body"},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+def factory() -> ASGIApp:
     """Entry point of `uvicorn --factory` worker processes (`tokengate serve --workers N`)."""
     from app.bootstrap import load_runtime, setup_process
 

@@ -20,27 +20,44 @@ from app.errors import GatewayError, InternalError, InvalidRequest, NotFound, Up
 log = logging.getLogger("tokengate.errors")
 
 
-def render(exc: GatewayError) -> Response:
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def render(exc: GatewayError, *, anthropic: bool = False) -> Response:
+    """OpenAI's error body, or Anthropic's on `/v1/messages` (what that SDK expects)."""
     if isinstance(exc, UpstreamRejected):
         return Response(
             exc.raw_body, exc.status, exc.response_headers(), media_type=exc.content_type
         )
+    body: object = exc.body()
+    if anthropic:
+        kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
+        body = {"type": "error", "error": {"type": kind, "message": exc.message}}
     return Response(
-        orjson.dumps(exc.body()), exc.status, exc.response_headers(), media_type="application/json"
+        orjson.dumps(body), exc.status, exc.response_headers(), media_type="application/json"
     )
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return render(exc)
+    return render(exc, anthropic=request.url.path == "/v1/messages")
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    where = loc or "request body (a JSON object is expected)"
     return render(
-        InvalidRequest(f"{loc}: {first.get('msg', 'invalid request')}", param=loc or None)
+        InvalidRequest(f"{where}: {first.get('msg', 'invalid request')}", param=loc or None)
     )
 
 

@@ -1,56 +1,12 @@
-"""OpenAI-compatible routes: translate HTTP to a `ProxyCall` and the answer back."""
+"""OpenAI-compatible routes served by FastAPI (the proxy POST routes are in `proxy.py`)."""
 
 from __future__ import annotations
 
-import time
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Request
-from starlette.responses import Response
-
-from app.api.body import read_body
-from app.api.deps import CallerDep, GatewayDep, request_id
-from app.api.responses import SseResponse, json_response
-from app.gateway import Gateway
-from app.proxy.answer import StreamAnswer
-from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
-from app.proxy.wire import parse_call
-from app.runtime import KeySpec
-from app.upstream.client import forwardable
+from app.api.deps import CallerDep, GatewayDep
 
 router = APIRouter()
-
-
-async def _proxy(
-    request: Request, gateway: Gateway, caller: KeySpec, endpoint: Endpoint
-) -> Response:
-    started = time.perf_counter()
-    raw = await read_body(request, gateway.runtime.settings.server.max_body_bytes)
-    forwarded = forwardable(request.scope["headers"])
-    call = parse_call(endpoint, raw, caller, request_id(request), forwarded, started)
-    answer = await gateway.proxy.handle(call)
-    if isinstance(answer, StreamAnswer):
-        return SseResponse(answer)
-    return json_response(answer)
-
-
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request, gateway: GatewayDep, caller: CallerDep) -> Response:
-    return await _proxy(request, gateway, caller, CHAT)
-
-
-@router.post("/v1/completions")
-async def completions(request: Request, gateway: GatewayDep, caller: CallerDep) -> Response:
-    return await _proxy(request, gateway, caller, COMPLETIONS)
-
-
-@router.post("/v1/embeddings")
-async def embeddings(request: Request, gateway: GatewayDep, caller: CallerDep) -> Response:
-    return await _proxy(request, gateway, caller, EMBEDDINGS)
-
-
-@router.post("/v1/messages")
-async def messages(request: Request, gateway: GatewayDep, caller: CallerDep) -> Response:
-    return await _proxy(request, gateway, caller, MESSAGES)
 
 
 @router.get("/v1/models")

@@ -1,0 +1,71 @@
+"""The proxy routes as a pure-ASGI app: the hot path of the gateway.
+
+`POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/messages` are
+answered here, in front of FastAPI, because FastAPI's per-request machinery (request
+object, dependency solving, exception middleware) cost about a fifth of the gateway's
+CPU per proxied request when measured (README, "Benchmarks"). Everything else falls
+through to the FastAPI app. The route is still a translator: raw ASGI in, `ProxyCall`
+to the pipeline, its answer out; errors use the same renderer as every other route.
+Their OpenAPI description is added in `app.main` so schema-driven clients still see them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.api.body import ClientGone, read_body
+from app.api.errors import render
+from app.api.responses import SseResponse, json_response
+from app.errors import GatewayError, InternalError
+from app.gateway import Gateway
+from app.proxy.answer import StreamAnswer
+from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
+from app.proxy.wire import parse_call
+from app.upstream.client import forwardable
+
+log = logging.getLogger("tokengate.errors")
+ROUTES: dict[str, Endpoint] = {e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)}
+
+
+class ProxyRoutes:
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await self._answer(endpoint, scope, receive)
+        except GatewayError as exc:
+            response = render(exc, anthropic=endpoint.anthropic)
+        except ClientGone:
+            return
+        except Exception as exc:
+            log.error("unhandled error on %s", scope["path"], exc_info=exc)
+            response = render(InternalError(), anthropic=endpoint.anthropic)
+        await response(scope, receive, send)
+
+    async def _answer(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> Response:
+        started = time.perf_counter()
+        gateway = self.gateway
+        authorization = api_key = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"x-api-key":
+                api_key = value.decode("latin-1")
+        caller = gateway.keys.authenticate(authorization, api_key)
+        raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
+        request_id = scope["state"]["request_id"]
+        call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
+        answer = await gateway.proxy.handle(call)
+        if isinstance(answer, StreamAnswer):
+            return SseResponse(answer)
+        return json_response(answer)
