@@ -140,21 +140,28 @@ def _requests_total(metrics: str) -> float:
     )
 
 
-def test_two_workers_metrics_sum_both(sim: Sim, make_gateway: Make) -> None:
+async def test_two_workers_metrics_sum_both(sim: Sim, make_gateway: Make) -> None:
     gw = make_gateway(GatewaySpec(args=["--workers", "2"]), sim.url)
-    with httpx.Client(timeout=30) as c:  # new connections spread over both workers
-        for _ in range(20):
-            c.post(
-                f"{gw.url}/v1/chat/completions",
-                json=BODY,
-                headers={**gw.headers(), "connection": "close"},
+
+    def started() -> set[object]:
+        return {x.get("pid") for x in gw.log_lines() if "per-key limits" in x.get("msg", "")}
+
+    await asyncio.to_thread(_wait_for, lambda: len(started()) == 2)  # both workers serve
+    limits = httpx.Limits(max_keepalive_connections=0)  # a new connection per request
+    async with httpx.AsyncClient(timeout=30, limits=limits) as c:
+        for _ in range(5):  # concurrent connections spread over both workers' accept loops
+            await asyncio.gather(
+                *(
+                    c.post(f"{gw.url}/v1/chat/completions", json=BODY, headers=gw.headers())
+                    for _ in range(8)
+                )
             )
     pids = {line.get("pid") for line in gw.log_lines() if line.get("logger") == "tokengate.access"}
     scrapes = [
         _requests_total(httpx.get(f"{gw.url}/metrics", headers={"connection": "close"}).text)
         for _ in range(6)
     ]
-    assert scrapes == [20.0] * 6, scrapes
+    assert scrapes == [40.0] * 6, scrapes  # whichever worker answers the scrape sums both
     assert len(pids) == 2, "both workers should have served requests"
     starts = [x["msg"] for x in gw.log_lines() if "per-key limits" in x.get("msg", "")]
     assert starts and all("split per worker" in m for m in starts)
