@@ -172,9 +172,14 @@ def wait_port(port: int, proc: Proc, timeout: float = 10.0) -> None:
 
 
 def sigterm_as_interrupt() -> None:
-    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop the children."""
+    """SIGTERM and SIGINT raise KeyboardInterrupt, so `finally` blocks stop the children.
+
+    SIGINT is set explicitly because a shell starts background jobs with it ignored,
+    and Python then never installs its own handler.
+    """
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -39,9 +39,9 @@ def _children_map() -> dict[int, list[int]]:
     return kids
 
 
-def tree(root: int) -> Iterator[int]:
-    """`root` and all its live descendants."""
-    kids = _children_map()
+def tree(root: int, kids: dict[int, list[int]] | None = None) -> Iterator[int]:
+    """`root` and all its live descendants (`kids`: a children map to reuse)."""
+    kids = _children_map() if kids is None else kids
     stack = [root]
     while stack:
         pid = stack.pop()
@@ -49,9 +49,9 @@ def tree(root: int) -> Iterator[int]:
         stack.extend(kids.get(pid, ()))
 
 
-def rss_bytes(root: int) -> int:
+def rss_bytes(root: int, kids: dict[int, list[int]] | None = None) -> int:
     total = 0
-    for pid in tree(root):
+    for pid in tree(root, kids):
         try:
             resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
         except (OSError, IndexError, ValueError):
@@ -68,6 +68,19 @@ def cpu_seconds(root: int) -> float:
         if fields is not None:
             ticks += int(fields[11]) + int(fields[12])
     return ticks / _TICK
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine so far, from /proc/stat.
+
+    Busy is user + nice + system + irq + softirq; the difference between the
+    machine's busy time and the benchmark's own over a cell is load from elsewhere
+    (a shared machine), reported so a disturbed cell can be recognised.
+    """
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
+    steal = fields[7] if len(fields) > 7 else 0
+    return busy / _TICK, steal / _TICK
 
 
 def processes(root: int) -> int:
@@ -102,8 +115,9 @@ class Sampler:
     def sample_once(self) -> None:
         with self._lock:
             roots = dict(self.roots)
+        kids = _children_map()  # one /proc scan per sample, shared by every subject
         for name, root in roots.items():
-            value = rss_bytes(root)
+            value = rss_bytes(root, kids)
             with self._lock:
                 self.peaks[name] = max(self.peaks.get(name, 0), value)
 

@@ -1,0 +1,228 @@
+"""Microbenchmark: what one per-key admission costs, in-process vs Redis vs none.
+
+An admission is what every request pays at the door and at the end: `reserve`
+(1 request + estimated tokens from both buckets) and `settle` (correct the tokens,
+add the ledger entry), through `app.limits.Admission` exactly as the pipeline calls
+it. Three stores behind the same `Admission`:
+- `none`: a store that admits without looking (the cost of the machinery alone),
+- `memory`: `MemoryStore`, the default without Redis,
+- `redis`: `RedisStore` on a real `redis-server` on a loopback port (two round
+  trips; `settle` runs as a task, as in the gateway).
+Reported as µs per admission, sequential and 32 / 64 at a time, and as ratios to
+`none` measured in the same run. Best of `repeats`, because a shared machine only
+ever makes a run slower. The Redis store's "unreachable" warnings are counted, not
+printed: past its connection pool (redis-py's default 100) it falls back to local
+buckets, and the count says whether a figure is really Redis.
+
+Run alone: `.venv/bin/python -m tests.bench.admission`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from app.limits.admission import Admission
+from app.limits.bucket import Decision, Limits
+from app.limits.ledger import LedgerRow, LocalLedger, UsageEntry
+from app.limits.redis_store import RedisStore
+from app.limits.store import LimitStore, MemoryStore
+from app.metrics import Metrics
+from app.runtime import KeySpec
+from tests.bench import subjects
+from tests.bench.procs import Group, sigterm_as_interrupt
+
+KEY = KeySpec(
+    alias="bench", digests=("0" * 64,), tokens_per_minute=10**12, requests_per_minute=10**10
+)
+ENTRY = UsageEntry("bench", "claude-sonnet", prompt_tokens=4, completion_tokens=16)
+COST = 4 + 16
+WIDTHS = (32, 64)
+
+
+class NullStore:
+    """Admits everything, records nothing: the no-limit baseline."""
+
+    synchronous = True
+    _yes = Decision(True, None, 0.0, 10**10, 10**10, 0.0, 10**12, 10**12, 0.0)
+
+    async def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
+        return self._yes
+
+    async def settle(
+        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+    ) -> None:
+        return None
+
+    def settle_sync(
+        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+    ) -> None:
+        return None
+
+    async def usage(self) -> list[LedgerRow]:
+        return []
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "none"}
+
+
+class _Spawner:
+    """Stands in for the gateway's task owner: settle work runs as background tasks."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self) -> None:
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks))
+
+
+async def _one(admission: Admission, spawn: _Spawner) -> None:
+    ticket = await admission.admit(KEY, COST)
+    admission.settle(ticket, ENTRY, spawn, dispatched=True)
+
+
+async def _sequential(admission: Admission, n: int) -> float:
+    spawn = _Spawner()
+    start = time.perf_counter()
+    for _ in range(n):
+        await _one(admission, spawn)
+    await spawn.drain()
+    return (time.perf_counter() - start) * 1e6 / n
+
+
+async def _concurrent(admission: Admission, n: int, width: int) -> float:
+    spawn = _Spawner()
+
+    async def lane(count: int) -> None:
+        for _ in range(count):
+            await _one(admission, spawn)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(lane(n // width) for _ in range(width)))
+    await spawn.drain()
+    return (time.perf_counter() - start) * 1e6 / (n // width * width)
+
+
+class _DownEvents(logging.Handler):
+    """Counts the Redis store's "unreachable" warnings instead of printing them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+        self.first: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "unreachable" in record.getMessage():
+            self.count += 1
+            self.first = self.first or record.getMessage()
+
+
+@contextlib.contextmanager
+def _counting_down_events() -> Iterator[_DownEvents]:
+    log = logging.getLogger("tokengate.redis")
+    handler, propagate = _DownEvents(), log.propagate
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
+
+
+async def _measure(store: LimitStore, n: int, repeats: int) -> dict[str, object]:
+    await store.start()
+    row: dict[str, object] = {"n": n}
+    try:
+        admission = Admission(store, Metrics(CollectorRegistry()))
+        await _sequential(admission, max(100, n // 10))  # warm caches, script load, pool
+        with _counting_down_events() as down:
+            row["sequential_us"] = round(
+                min([await _sequential(admission, n) for _ in range(repeats)]), 2
+            )
+        row["sequential_fallbacks"] = down.count
+        for width in WIDTHS:
+            with _counting_down_events() as down:
+                best = min([await _concurrent(admission, n, width) for _ in range(repeats)])
+            row[f"concurrent{width}_us"] = round(best, 2)
+            row[f"concurrent{width}_fallbacks"] = down.count
+            if down.first:
+                row["fallback_message"] = down.first
+    finally:
+        await store.close()
+    return row
+
+
+async def _all(redis_url: str | None, repeats: int) -> dict[str, dict[str, object]]:
+    out = {
+        "none": await _measure(NullStore(), 20_000, repeats),
+        "memory": await _measure(MemoryStore(LocalLedger(path=None)), 20_000, repeats),
+    }
+    if redis_url:
+        out["redis"] = await _measure(RedisStore(redis_url, prefix="bench:"), 2_000, repeats)
+    base = out["none"]
+    for row in out.values():
+        for field in ("sequential", *(f"concurrent{w}" for w in WIDTHS)):
+            row[f"{field}_x_none"] = round(_f(row, f"{field}_us") / _f(base, f"{field}_us"), 2)
+    return out
+
+
+def _f(row: dict[str, object], name: str) -> float:
+    value = row[name]
+    assert isinstance(value, int | float)
+    return float(value)
+
+
+def run(group: Group, repeats: int = 3) -> dict[str, object]:
+    """Start redis-server, measure the three stores under uvloop (as the gateway runs)."""
+    import uvloop
+
+    redis_url = subjects.redis_server(group)
+    rows = uvloop.run(_all(redis_url, repeats))
+    for name, row in rows.items():
+        print(
+            f"    admission {name:6} {_f(row, 'sequential_us'):8.2f} µs sequential "
+            f"({row['sequential_x_none']}x none); at 32: {_f(row, 'concurrent32_us'):.2f} µs, "
+            f"at 64: {_f(row, 'concurrent64_us'):.2f} µs "
+            f"(fallbacks to local buckets: {row.get('concurrent64_fallbacks', 0)})",
+            flush=True,
+        )
+    notes = [] if redis_url else ["redis-server not found: no Redis row"]
+    return {"stores": rows, "repeats": repeats, "notes": notes}
+
+
+def main() -> int:
+    sigterm_as_interrupt()
+    with (
+        tempfile.TemporaryDirectory(prefix="tokengate-bench-adm-") as tmp,
+        Group(Path(tmp)) as group,
+    ):
+        result = run(group)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""The issue's targets, evaluated on one run's results (PASS / FAIL with the numbers).
+
+Every ratio is computed from cells of the same run, so a slow machine moves both
+sides; absolute figures are reported but never judged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+Results = dict[str, Any]
+TG = "tokengate-1w"
+
+
+@dataclass
+class Target:
+    id: str
+    goal: str
+    value: float | None
+    threshold: float
+    higher_is_better: bool
+    detail: str
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None or math.isnan(self.value):
+            return "N/A"
+        ok = self.value >= self.threshold if self.higher_is_better else self.value <= self.threshold
+        return "PASS" if ok else "FAIL"
+
+    @property
+    def margin(self) -> str:
+        """How far from the threshold, as a factor (ratios) or a difference (ms, MiB)."""
+        if self.value is None or math.isnan(self.value):
+            return ""
+        if self.id.startswith(("latency", "ttft", "rss")):
+            return f"{self.value - self.threshold:+.3g} vs limit"
+        return f"{self.value / self.threshold:.3f}x the target" if self.threshold else ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "verdict": self.verdict, "margin": self.margin}
+
+
+def cell(results: Results, mode: str, subject: str, c: int) -> dict[str, Any] | None:
+    phase = results.get("static", {}).get(mode)
+    if not phase:
+        return None
+    for row in phase["cells"]:
+        if row["subject"] == subject and row["c"] == c:
+            return dict(row)
+    return None
+
+
+def rps(results: Results, mode: str, subject: str, c: int) -> float | None:
+    row = cell(results, mode, subject, c)
+    return float(row["rps"]) if row else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:,.3f}{unit}" if unit == " ms" else f"{x:,.1f}{unit}"
+
+
+def _throughput(r: Results) -> list[Target]:
+    tg, ng, ll = (rps(r, "json", s, 64) for s in (TG, "nginx-proxy", "litellm"))
+    tg16, tg256 = rps(r, "json", TG, 16), rps(r, "json", TG, 256)
+    return [
+        Target(
+            "throughput_vs_nginx",
+            "tokengate (1 worker, all features) >= 0.12 x nginx-proxy req/s at c=64",
+            ratio(tg, ng),
+            0.12,
+            True,
+            f"tokengate {_fmt(tg)} req/s vs nginx-proxy {_fmt(ng)} req/s",
+        ),
+        Target(
+            "throughput_vs_litellm",
+            "tokengate (1 worker) >= 30 x LiteLLM req/s at c=64",
+            ratio(tg, ll),
+            30.0,
+            True,
+            f"tokengate {_fmt(tg)} req/s vs LiteLLM {_fmt(ll)} req/s",
+        ),
+        Target(
+            "concurrency_scaling",
+            "tokengate req/s at c=256 >= 0.9 x at c=16",
+            ratio(tg256, tg16),
+            0.9,
+            True,
+            f"c=256 {_fmt(tg256)} req/s vs c=16 {_fmt(tg16)} req/s "
+            f"(streaming: {_fmt(ratio(rps(r, 'sse', TG, 256), rps(r, 'sse', TG, 16)))}x)",
+        ),
+    ]
+
+
+def _p50_ms(r: Results, subject: str) -> float | None:
+    row = cell(r, "json", subject, 1)
+    return None if row is None else float(row["p50_us"]) / 1000
+
+
+def _latency(r: Results) -> list[Target]:
+    tg, direct = _p50_ms(r, TG), _p50_ms(r, "direct")
+    added = tg - direct if tg is not None and direct is not None else None
+    sim = r.get("sim", {}).get("rows", {})
+    sim_added = sim.get(TG, {}).get("added_p50_ms")
+    ttft_added = sim.get(TG, {}).get("added_ttft_p50_ms")
+    s64, j64 = rps(r, "sse", TG, 64), rps(r, "json", TG, 64)
+    return [
+        Target(
+            "latency_added_c1",
+            "added latency at c=1: tokengate p50 - direct p50 <= 0.5 ms (static upstream)",
+            added,
+            0.5,
+            False,
+            f"tokengate p50 {_fmt(tg, ' ms')} vs direct {_fmt(direct, ' ms')}; with the sim: "
+            f"{_fmt(sim_added, ' ms')} added",
+        ),
+        Target(
+            "streaming_throughput",
+            "streaming req/s >= 0.8 x its own non-streaming req/s (c=64)",
+            ratio(s64, j64),
+            0.8,
+            True,
+            f"streaming {_fmt(s64)} req/s vs non-streaming {_fmt(j64)} req/s",
+        ),
+        Target(
+            "ttft_added_c1",
+            "time to first token added at c=1 <= 1 ms (vs direct, with the sim)",
+            ttft_added,
+            1.0,
+            False,
+            f"tokengate TTFT p50 {_fmt(_ttft(sim, TG), ' ms')} "
+            f"vs direct {_fmt(_ttft(sim, 'direct'), ' ms')}",
+        ),
+    ]
+
+
+def _ttft(sim_rows: dict[str, Any], subject: str) -> float | None:
+    value = sim_rows.get(subject, {}).get("stream", {}).get("ttft_p50_ms")
+    return None if value is None else float(value)
+
+
+def _rss(r: Results) -> list[Target]:
+    peaks = {
+        mode: phase["rss_mib"].get(TG, {}).get("peak")
+        for mode, phase in r.get("static", {}).items()
+        if phase
+    }
+    known = [v for v in peaks.values() if v is not None]
+    return [
+        Target(
+            "rss_peak",
+            "tokengate (1 worker) peak RSS <= 150 MiB after the c=256 run",
+            max(known) if known else None,
+            150.0,
+            False,
+            ", ".join(f"{mode}: {_fmt(v, ' MiB')}" for mode, v in peaks.items())
+            + " (sum over the process tree, sampled every 200 ms)",
+        ),
+    ]
+
+
+CHECKS: tuple[Callable[[Results], list[Target]], ...] = (_throughput, _latency, _rss)
+
+
+def evaluate(results: Results) -> list[Target]:
+    return [t for check in CHECKS for t in check(results)]
