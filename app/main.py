@@ -61,6 +61,8 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        # No trailing-slash redirects: they are built from the client's Host header.
+        redirect_slashes=False,
     )
     app.state.gateway = gateway
     errors.install(app)
@@ -71,7 +73,13 @@ def create_app(
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # Outside FastAPI, so a proxied request crosses none of its middleware layers.
     front = ProxyRoutes(app, gateway)
-    return RequestContext(CancelOnDisconnect(front), draining=lambda: gateway.draining)
+    server = runtime.settings.server
+    return RequestContext(
+        CancelOnDisconnect(front),
+        draining=lambda: gateway.draining,
+        max_header_bytes=server.max_header_bytes,
+        max_headers=server.max_headers,
+    )
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

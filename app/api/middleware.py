@@ -23,20 +23,32 @@ def new_request_id() -> str:
 
 
 class RequestContext:
-    def __init__(self, app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        draining: Callable[[], bool] = lambda: False,
+        max_header_bytes: int = 64 * 1024,
+        max_headers: int = 128,
+    ) -> None:
         self.app = app
         self.draining = draining
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         rid = None
+        size = 0
         for name, value in scope["headers"]:
-            if name == b"x-request-id":
-                if _SAFE_ID.match(value):
-                    rid = value.decode()
-                break
+            size += len(name) + len(value)
+            if name == b"x-request-id" and rid is None and _SAFE_ID.match(value):
+                rid = value.decode()
+        if size > self.max_header_bytes or len(scope["headers"]) > self.max_headers:
+            # httptools sets no bound of its own; headers must not bypass the body limit
+            await _too_large_headers(send, self.max_header_bytes, self.max_headers)
+            return
         rid = rid or new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
         header = (b"x-request-id", rid.encode())
@@ -48,3 +60,18 @@ class RequestContext:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+async def _too_large_headers(send: Send, limit: int, count: int) -> None:
+    body = (
+        b'{"error":{"message":"request headers exceed the gateway\'s limit ('
+        + f"{limit} bytes, {count} headers".encode()
+        + b')","type":"invalid_request_error","param":null,"code":"headers_too_large"}}'
+    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"connection", b"close"),
+        (b"x-request-id", new_request_id().encode()),
+    ]
+    await send({"type": "http.response.start", "status": 431, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

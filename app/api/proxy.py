@@ -38,8 +38,11 @@ class ProxyRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
+        if endpoint is None:
             await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            await _method_not_allowed(scope, receive, send)
             return
         try:
             response = await self._answer(endpoint, scope, receive)
@@ -69,3 +72,13 @@ class ProxyRoutes:
         if isinstance(answer, StreamAnswer):
             return SseResponse(answer)
         return json_response(answer)
+
+
+async def _method_not_allowed(scope: Scope, receive: Receive, send: Send) -> None:
+    err = GatewayError(
+        f"{scope['method']} is not allowed on {scope['path']}: use POST", code="method_not_allowed"
+    )
+    err.status, err.type, err.permanent = 405, "invalid_request_error", True
+    response = render(err)
+    response.headers["allow"] = "POST"
+    await response(scope, receive, send)

@@ -22,7 +22,7 @@ DomainName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ClusterConfig(Section):
@@ -83,8 +83,10 @@ class TokenSchedulerConfig(Section):
     max_queue_wait_ms: PositiveInt = Field(
         30000, description="A request queued longer than this gets 503 with Retry-After."
     )
-    max_inflight: PositiveInt = Field(
+    max_inflight: int = Field(
         64,
+        gt=0,
+        le=100_000,
         description="Default limit of concurrent upstream requests per domain (a stream holds "
         "its slot until it ends).",
     )
@@ -299,6 +301,12 @@ class ServerConfig(Section):
     max_body_bytes: PositiveInt = Field(
         8 * 1024 * 1024, description="Largest request body accepted; larger gets 413."
     )
+    max_header_bytes: PositiveInt = Field(
+        64 * 1024, description="Largest total size of a request's headers; larger gets 431."
+    )
+    max_headers: PositiveInt = Field(
+        128, description="Most headers a request may carry; more gets 431."
+    )
     drain_timeout_sec: float = Field(
         30, ge=0, description="On SIGTERM, how long in-flight and queued work may finish."
     )
@@ -358,6 +366,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
         env_prefix="TOKENGATE_",
         env_nested_delimiter="__",
         case_sensitive=False,

@@ -50,21 +50,48 @@ def chat_prompt_tokens(messages: list[Any], tools: Any = None) -> int:
         total += MESSAGE_OVERHEAD + _content_tokens(message.get("content"))
         calls = message.get("tool_calls")
         if calls:
-            total += text_tokens(repr(calls))
+            total += structure_tokens(calls)
     if tools:
-        total += text_tokens(repr(tools))
+        total += structure_tokens(tools)
     return total
 
 
 def input_tokens(value: Any) -> int:
-    """Prompt of /v1/completions or input of /v1/embeddings: str, list of str, or token ids."""
-    if isinstance(value, str):
-        return text_tokens(value)
-    if isinstance(value, list):
-        if all(isinstance(v, int) for v in value):
-            return len(value)
-        return sum(input_tokens(v) for v in value)
-    return 0
+    """Prompt of /v1/completions or input of /v1/embeddings: str, list of str, or token ids.
+
+    Walked with an explicit stack: the JSON parser accepts 1024 levels of nesting, far
+    past Python's recursion limit, and a hostile body must get an answer, not a 500.
+    """
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += text_tokens(item)
+        elif isinstance(item, bool):
+            continue
+        elif isinstance(item, int):
+            total += 1  # a token id
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def structure_tokens(value: Any) -> int:
+    """Tools and tool calls: their strings and keys count as text, the rest as framing."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += text_tokens(item)
+        elif isinstance(item, dict):
+            total += len(item)
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif item is not None:
+            total += 1
+    return total
 
 
 class TextCounter:

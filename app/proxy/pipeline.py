@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
@@ -227,7 +227,7 @@ class Proxy:
         if call.stream:
             chunks = resp.chunks().__aiter__()
             try:
-                first = await anext(chunks, b"")  # a drop before the first byte is retryable
+                first = await _first_event(chunks)
             except BaseException:
                 await resp.close()
                 raise
@@ -355,6 +355,18 @@ def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> Attemp
     from app.upstream.attempt import status_failure
 
     return status_failure(status, body, headers.get("content-type", "application/json"), headers)
+
+
+async def _first_event(chunks: AsyncIterator[bytes]) -> bytes:
+    """Read up to the first complete SSE event inside the attempt: until then nothing has
+    reached the client, so a drop is still an ordinary, retryable attempt failure."""
+    data = b""
+    while b"\n\n" not in data and b"\r\n\r\n" not in data:
+        chunk = await anext(chunks, None)
+        if chunk is None:
+            break
+        data += chunk
+    return data
 
 
 def _status_of(exc: BaseException) -> int:

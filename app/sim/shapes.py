@@ -112,7 +112,7 @@ class Job:
         b64 = self.body.get("encoding_format") == "base64"
         data = []
         for i, item in enumerate(items):
-            vec = text.embedding(str(item), self.dim)
+            vec = text.embedding(text.seed_of(item), self.dim)
             value: Any = (
                 base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if b64 else vec
             )
@@ -245,7 +245,7 @@ def build(path: str, body: dict[str, Any], model: str, knobs: SimKnobs) -> Job:
         ):
             raise _bad("'messages' must be a non-empty array of messages")
         prompt = text.chat_prompt_tokens(messages, body.get("system"))
-        seed = str(messages[-1].get("content"))
+        seed = text.seed_of(messages[-1].get("content"))
         limit = (
             _max_tokens(body, "max_tokens", None)
             if kind == "messages"
@@ -257,7 +257,7 @@ def build(path: str, body: dict[str, Any], model: str, knobs: SimKnobs) -> Job:
     elif kind == "completions":
         if "prompt" not in body:
             raise _bad("'prompt' is required")
-        prompt, seed = text.input_tokens(body["prompt"]), str(body["prompt"])
+        prompt, seed = text.input_tokens(body["prompt"]), text.seed_of(body["prompt"])
         limit = _max_tokens(body, "max_tokens", 16)
     else:
         if not isinstance(body.get("input"), str | list) or not body.get("input"):

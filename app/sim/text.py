@@ -26,11 +26,18 @@ def count_text(text: str) -> int:
 
 
 def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
+    """All the text in a message content, however deeply nested (an explicit stack: a
+    hostile body nested 1000 levels deep must not crash the simulator)."""
+    parts, stack = [], [content]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            parts.append(item)
+        elif isinstance(item, dict):
+            stack.append(item.get("text"))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return " ".join(parts)
 
 
 def chat_prompt_tokens(messages: list[Any], system: Any = None) -> int:
@@ -41,13 +48,20 @@ def chat_prompt_tokens(messages: list[Any], system: Any = None) -> int:
 
 
 def input_tokens(value: Any) -> int:
-    if isinstance(value, str):
-        return count_text(value)
-    if isinstance(value, list):
-        if all(isinstance(v, int) for v in value):
-            return len(value)
-        return sum(input_tokens(v) for v in value)
-    return 0
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += count_text(item)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            total += 1
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+def seed_of(value: Any) -> str:
+    return _content_text(value)
 
 
 def reply_words(seed_text: str, n: int) -> list[str]:
