@@ -122,6 +122,7 @@ class Gateway:
                 fail_mode=s.redis.fail_mode,
                 prefix=s.redis.key_prefix,
                 timeout_ms=s.redis.timeout_ms,
+                max_connections=s.redis.max_connections,
                 on_state=self.metrics.set_redis_up,
             )
         return MemoryStore(LocalLedger(Path(s.ledger.path), s.ledger.flush_interval_sec))

@@ -24,7 +24,7 @@ from app.api.proxy import ROUTES, ProxyRoutes
 from app.gateway import Gateway, TransportFactory
 from app.metrics import Metrics, new_registry
 from app.runtime import Runtime
-from app.server import lifecycle_signals
+from app.server import lifecycle_signals, tune_gc
 
 
 def create_app(
@@ -43,6 +43,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
+        if handle_signals:  # a real server process, not a test harness
+            tune_gc()
         drain = runtime.settings.server.drain_delay_sec
         guard = (
             lifecycle_signals(gateway.begin_drain, gateway.request_reload, drain)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import threading
@@ -91,6 +92,15 @@ def _supervisor(runtime: Runtime) -> Any:
                     mark_process_dead(pid)  # drop its live gauges from the aggregate
 
     return Supervisor
+
+
+def tune_gc() -> None:
+    """After start-up, freeze what is alive (imports, config, pools) out of the collector's
+    reach and collect the young generation less often: per-request garbage is short-lived,
+    and full collections over the frozen heap were a measurable share of request CPU."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -295,6 +295,9 @@ class RedisConfig(Section):
     )
     key_prefix: str = Field("tokengate:", description="Prefix of every Redis key.")
     timeout_ms: PositiveInt = Field(250, description="Timeout of one Redis call.")
+    max_connections: PositiveInt = Field(
+        64, description="Redis connections per process; a burst waits for a free one."
+    )
 
 
 class ServerConfig(Section):

@@ -202,9 +202,16 @@ class Dispatcher:
                 break
             if self.pacer.enabled:
                 await self.pacer.acquire(job.cost)
-            if job.grant():
-                self._take(job.priority == "batch")
-                released += 1
+                # The quota is paid: if this request gave up while we waited for it, the
+                # next one in line takes its place instead of the capacity going unused.
+                while not job.grant():
+                    job = self.queue.pop(allow_batch=self.batch_inflight < self.batch_cap)
+                    if job is None:
+                        return released
+            elif not job.grant():
+                continue
+            self._take(job.priority == "batch")
+            released += 1
         return released
 
 

@@ -44,12 +44,21 @@ class RedisStore:
         fail_mode: str = "open",
         prefix: str = "tokengate:",
         timeout_ms: int = 250,
+        max_connections: int = 64,
         on_state: Any = None,
     ) -> None:
         timeout = timeout_ms / 1000
-        self._client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=True
+        # A blocking pool: under a burst, callers wait (briefly) for a free connection
+        # instead of failing with MaxConnectionsError, which would look like an outage.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=max(timeout, 1.0),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            decode_responses=True,
         )
+        self._client = aioredis.Redis(connection_pool=pool)
         self._script = self._client.register_script(
             resources.files("app.limits").joinpath("token_bucket.lua").read_text("utf-8")
         )

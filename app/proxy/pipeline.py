@@ -152,13 +152,14 @@ class Proxy:
         self, call: ProxyCall, plan: list[tuple[str, list[Domain]]], trace: Trace
     ) -> tuple[Reply, Domain, str, Slot]:
         last: BaseException | None = None
+        congested: set[str] = set()  # full or slow queues: a fallback there would wait again
         for i, (model, candidates) in enumerate(plan):
             if i:
                 self.metrics.record_fallback(plan[0][0], model)
-            ranked = rank(candidates)[:MAX_DOMAINS_PER_MODEL]
-            if not ranked:
+            ranked = [d for d in rank(candidates) if d.name not in congested]
+            if not ranked and last is None:
                 last = self._no_domain(model, candidates)
-            for domain in ranked:
+            for domain in ranked[:MAX_DOMAINS_PER_MODEL]:
                 try:
                     reply, slot = await self._on_domain(call, model, domain, trace)
                     return reply, domain, model, slot
@@ -168,6 +169,7 @@ class Proxy:
                         raise self._final_error(failure, trace) from None
                 except ServiceUnavailable as exc:
                     last = exc
+                    congested.add(domain.name)
         raise self._final_error(last, trace)
 
     async def _on_domain(

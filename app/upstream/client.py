@@ -68,6 +68,7 @@ def upstream_headers(domain: DomainSpec, *, anthropic: bool = False) -> dict[str
     headers = {
         "content-type": "application/json",
         "accept": "application/json, text/event-stream",
+        "accept-encoding": "identity",  # the relay reads and forwards bytes as they are
         "user-agent": USER_AGENT,
     }
     if anthropic:
@@ -174,8 +175,14 @@ class AiohttpTransport:
             connector = aiohttp.TCPConnector(
                 limit=self._pool_size, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=30
             )
+            # No cookie jar (an API has no cookies, and the jar costs per request) and no
+            # compression: the relay reads SSE events, and loopback/LAN bytes are cheap.
             self._session = aiohttp.ClientSession(
-                connector=connector, skip_auto_headers=("User-Agent",), raise_for_status=False
+                connector=connector,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                raise_for_status=False,
             )
         return self._session
 
