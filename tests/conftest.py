@@ -67,7 +67,9 @@ def make_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
 
 
 @pytest.fixture(scope="module")
-def _module_gateway(_shared_sim: Sim, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def _module_gateway(
+    _shared_sim: Sim, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
     gw = start_gateway(tmp_path_factory.mktemp("gateway"), GatewaySpec(), _shared_sim.url)
     yield gw
     gw.stop()
