@@ -294,7 +294,11 @@ class RedisConfig(Section):
         "`closed` answers 503.",
     )
     key_prefix: str = Field("tokengate:", description="Prefix of every Redis key.")
-    timeout_ms: PositiveInt = Field(250, description="Timeout of one Redis call.")
+    timeout_ms: PositiveInt = Field(
+        1000,
+        description="Timeout of one Redis call; three timeouts in a row (or a refused "
+        "connection) count as Redis being unreachable.",
+    )
     max_connections: PositiveInt = Field(
         64, description="Redis connections per process; a burst waits for a free one."
     )

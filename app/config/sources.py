@@ -93,6 +93,17 @@ class ExpandingJsonSource(JsonConfigSettingsSource):
 
     def _read_file(self, file_path: Path) -> dict[str, Any]:  # type: ignore[override]
         data = super()._read_file(file_path)
+        if not isinstance(data, dict):
+            raise ConfigError(
+                [
+                    Problem(
+                        str(file_path),
+                        "-",
+                        "must hold one JSON object",
+                        "wrap the settings in { ... }",
+                    )
+                ]
+            )
         expanded: dict[str, Any] = _expand(data, (), file_path, self.environ)
         return expanded
 

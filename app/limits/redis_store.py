@@ -23,6 +23,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from app.errors import ServiceUnavailable
 from app.limits.bucket import Decision, Limits
@@ -31,6 +32,7 @@ from app.limits.store import MemoryBuckets
 
 log = logging.getLogger("tokengate.redis")
 _RETRY_SEC = 1.0
+_SLOW_TO_DOWN = 3
 _LIMIT_NAMES = {0: None, 1: "requests", 2: "tokens"}
 
 
@@ -67,6 +69,7 @@ class RedisStore:
         self.up = True
         self._down_since = 0.0
         self._local = MemoryBuckets()
+        self._slow = 0  # consecutive timeouts
         self._backlog = LocalLedger(path=None)
         self._on_state = on_state
 
@@ -86,6 +89,16 @@ class RedisStore:
             return False
         await self._mark_up()
         return True
+
+    def _failed(self, exc: BaseException) -> None:
+        """A refused connection is an outage at once; a timeout may be this process's own
+        event loop lagging under load, so only several in a row count as one. Either way
+        this one call is served by the fail mode."""
+        if isinstance(exc, RedisTimeout):
+            self._slow += 1
+            if self._slow < _SLOW_TO_DOWN:
+                return
+        self._mark_down(exc)
 
     def _mark_down(self, exc: BaseException) -> None:
         if self.up:
@@ -160,8 +173,9 @@ class RedisStore:
                     ["reserve", limits.requests_per_minute, limits.tokens_per_minute, cost],
                 )
             except (RedisError, OSError) as exc:
-                self._mark_down(exc)
+                self._failed(exc)
             else:
+                self._slow = 0
                 if not self.up:
                     await self._mark_up()
                 return _decision(raw, limits)
@@ -189,8 +203,9 @@ class RedisStore:
             try:
                 await self._call(self._settle_keys(key, entry), args)
             except (RedisError, OSError) as exc:
-                self._mark_down(exc)
+                self._failed(exc)
             else:
+                self._slow = 0
                 return
         self._local.settle(key, limits, token_delta, request_delta)
         self._backlog.add(entry)

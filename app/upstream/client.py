@@ -147,7 +147,9 @@ class _AiohttpResponse:
             raise _translate_aiohttp(exc) from None
 
     async def close(self) -> None:
-        self._resp.close()
+        # release(): a fully read answer returns its connection to the pool; an unfinished
+        # one (client gone, stream cut) closes it, which cancels the upstream generation.
+        self._resp.release()
 
 
 def _translate_aiohttp(exc: BaseException) -> BaseException:
