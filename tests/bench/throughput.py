@@ -97,6 +97,16 @@ def _starters(
         ),
     }
     if mode == "json":
+        # The upstream client is chosen by this measurement (README, "Benchmarks").
+        out["tokengate-1w-httpx"] = lambda: subjects.tokengate(
+            group,
+            f"tg1h-{mode}",
+            work / "tg1h",
+            upstream,
+            workers=1,
+            cpus=cpus,
+            upstream_client="httpx",
+        )
         out["tokengate-1w-info"] = lambda: subjects.tokengate(
             group, f"tg1i-{mode}", work / "tg1i", upstream, workers=1, log_level="info", cpus=cpus
         )
@@ -133,7 +143,7 @@ def _start_all(phase: Phase, starters: dict[str, Starter], stream: bool) -> None
 
 
 def _levels_for(subject: Subject, plan: Plan) -> tuple[int, ...]:
-    if subject.name == "tokengate-1w-info":
+    if subject.name in ("tokengate-1w-info", "tokengate-1w-httpx"):
         return tuple(c for c in plan.levels if c in INFO_LEVELS)
     if subject.name == "litellm":
         return tuple(c for c in plan.levels if c in LITELLM_LEVELS)
