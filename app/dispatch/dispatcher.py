@@ -116,7 +116,7 @@ class Dispatcher:
         return await self._wait_in_queue(Job(key, priority, cost, self.clock()))
 
     async def _wait_in_queue(self, job: Job) -> Slot:
-        if not self.queue.push(job):
+        if not self.queue.push(job, slack=self.max_inflight - self.inflight):
             raise ServiceUnavailable(
                 f"domain {self.domain!r} queue is full ({self.queue.capacity} waiting); "
                 "retry after the advertised delay",

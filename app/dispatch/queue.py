@@ -83,8 +83,11 @@ class DomainQueue:
     def __len__(self) -> int:
         return self._size
 
-    def push(self, job: Job) -> bool:
-        if self._size >= self.capacity:
+    def push(self, job: Job, slack: int = 0) -> bool:
+        """Queue `job` unless full; `slack` counts dispatch slots that are free right now
+        (the dispatcher will move that many out at its next turn), so a burst is admitted
+        up to exactly max_inflight + capacity, whenever the dispatcher gets to run."""
+        if self._size >= self.capacity + max(0, slack):
             return False
         self._classes[job.priority].push(job)
         job.in_queue = True

@@ -118,6 +118,9 @@ class RedisStore:
     async def _mark_up(self) -> None:
         was_down = not self.up
         if was_down:
+            # Idle pooled connections predate the outage (a restarted Redis closed them):
+            # drop them, or the first commands after recovery fail on dead sockets.
+            await self._client.connection_pool.disconnect(inuse_connections=False)
             if not await self._replay():  # before announcing recovery: the ledger is whole
                 return
             log.warning("redis reachable again; shared limits restored")

@@ -97,3 +97,11 @@ async def test_a_huge_request_still_gets_its_turn(huge: int) -> None:
     order = [j.key for j in drain(q)]
     assert order[0] == "huge"  # it came first: its size does not starve it
     assert order[-1] == "huge"  # but its key's next request waits until the others caught up
+
+
+async def test_free_dispatch_slots_count_as_room() -> None:
+    q = DomainQueue(2)
+    assert q.push(job("a")) and q.push(job("b"))
+    assert not q.push(job("c"))
+    assert q.push(job("c"), slack=1)  # one slot is free: the dispatcher takes one at once
+    assert not q.push(job("d"), slack=1)
