@@ -130,6 +130,7 @@ def _check(outcome: object) -> None:
     max_examples=60,
     deadline=None,
     database=None,
+    derandomize=True,  # CI must not change verdict run to run; explore with a seed locally
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(assignments, places)
@@ -158,7 +159,7 @@ def test_numeric_fields_load_or_fail_with_config_error(
     _check(_load(toml, data, env))
 
 
-@settings(max_examples=40, deadline=None, database=None)
+@settings(max_examples=40, deadline=None, database=None, derandomize=True)
 @given(st.binary(max_size=200), st.binary(max_size=200))
 @example(b"[token_scheduler]\nbatch_size = ", b"{}")
 @example(b"", b'{"rate_limit": {"tokens_per_minute": 1e999}}')

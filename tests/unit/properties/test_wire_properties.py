@@ -60,6 +60,7 @@ def parse(endpoint: Endpoint, raw: bytes) -> ProxyCall | InvalidRequest:
     max_examples=300,
     deadline=None,
     database=None,
+    derandomize=True,  # CI must not change verdict run to run; explore with a seed locally
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(st.sampled_from(ENDPOINTS), bodies)
@@ -72,7 +73,7 @@ def test_any_body_is_a_call_or_a_clean_400(endpoint: Endpoint, raw: bytes) -> No
     parse(endpoint, raw)
 
 
-@settings(max_examples=100, deadline=None, database=None)
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
 @given(st.sampled_from(ENDPOINTS), request_like)
 def test_fields_it_does_not_act_on_pass_through_untouched(
     endpoint: Endpoint, body: dict[str, Any]
