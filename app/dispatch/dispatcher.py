@@ -196,23 +196,27 @@ class Dispatcher:
 
     async def _release_group(self) -> int:
         released = 0
-        while released < self.batch_size and self.inflight < self.max_inflight:
-            job = self.queue.pop(allow_batch=self.batch_inflight < self.batch_cap)
+        while released < self.batch_size and self._can_release():
+            if self.pacer.enabled:
+                # Wait for the quota *before* choosing: a request picked first could expire
+                # while it waited, and fair queuing would have charged its key for nothing.
+                await self.pacer.acquire_request()
+            job = self._next_waiting()
+            if job is not None and self.pacer.enabled:
+                await self.pacer.acquire_tokens(job.cost)
+            while job is not None and not job.grant():  # gave up meanwhile: the next goes
+                job = self._next_waiting()
             if job is None:
                 break
-            if self.pacer.enabled:
-                await self.pacer.acquire(job.cost)
-                # The quota is paid: if this request gave up while we waited for it, the
-                # next one in line takes its place instead of the capacity going unused.
-                while not job.grant():
-                    job = self.queue.pop(allow_batch=self.batch_inflight < self.batch_cap)
-                    if job is None:
-                        return released
-            elif not job.grant():
-                continue
             self._take(job.priority == "batch")
             released += 1
         return released
+
+    def _next_waiting(self) -> Job | None:
+        while True:
+            job = self.queue.pop(allow_batch=self.batch_inflight < self.batch_cap)
+            if job is None or not (job.cancelled or job.granted.done()):
+                return job
 
 
 def _was_granted(job: Job) -> bool:

@@ -46,7 +46,14 @@ class Pacer:
         return float(min(max(1, tokens), self._tokens.max_rate))
 
     async def acquire(self, tokens: int) -> None:
+        await self.acquire_request()
+        await self.acquire_tokens(tokens)
+
+    async def acquire_request(self) -> None:
+        """Wait for room for one more request (before choosing which one goes)."""
         if self._requests is not None:
             await self._requests.acquire(1)
+
+    async def acquire_tokens(self, tokens: int) -> None:
         if self._tokens is not None:
             await self._tokens.acquire(self._clamp(tokens))
