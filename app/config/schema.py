@@ -324,8 +324,10 @@ class ServerConfig(Section):
         description="On SIGTERM, seconds to keep serving with readiness at 503 before "
         "closing the listener (lets a load balancer stop sending first).",
     )
-    upstream_client: Literal["aiohttp", "httpx"] = Field(
-        "aiohttp", description="Upstream HTTP client implementation (aiohttp measured fastest)."
+    upstream_client: Literal["native", "aiohttp", "httpx"] = Field(
+        "native",
+        description="Upstream HTTP client: `native` (keep-alive pool on asyncio + httptools, "
+        "measured fastest), `aiohttp` or `httpx`.",
     )
 
 
