@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from app.dispatch.job import Job
+from app.dispatch.job import Job, QueueExpired
 from app.dispatch.queue import DomainQueue
 from app.errors import ServiceUnavailable
 from app.limits.pacing import Pacer
@@ -126,12 +126,13 @@ class Dispatcher:
             )
         self._wake.set()
         self.metrics.set_queue_depth(self.domain, len(self.queue))
+        # A timer that fails the job's own future, not `asyncio.wait_for` (which wraps the
+        # wait in another future per request): a grant and an expiry can not both happen.
+        timer = job.granted.get_loop().call_later(self.max_wait, job.expire)
         try:
-            await asyncio.wait_for(job.granted, self.max_wait)
-        except TimeoutError:
+            await job.granted
+        except QueueExpired:
             self._forget(job)
-            if _was_granted(job):
-                return Slot(self, job.priority == "batch")
             raise ServiceUnavailable(
                 f"request waited longer than max_queue_wait_ms ({int(self.max_wait * 1000)} ms) "
                 f"in domain {self.domain!r}'s queue",
@@ -144,6 +145,8 @@ class Dispatcher:
             if _was_granted(job):
                 self._release(job.priority == "batch")
             raise
+        finally:
+            timer.cancel()
         self.metrics.record_queue_wait(self.domain, self.clock() - job.enqueued_at)
         return Slot(self, job.priority == "batch")
 
@@ -220,7 +223,8 @@ class Dispatcher:
 
 
 def _was_granted(job: Job) -> bool:
-    return job.granted.done() and not job.granted.cancelled()
+    granted = job.granted
+    return granted.done() and not granted.cancelled() and granted.exception() is None
 
 
 class _DrainRate:

@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 
-@dataclass(eq=False)
+class QueueExpired(Exception):
+    """Set on a job's future when it waited longer than `max_queue_wait_ms`."""
+
+
 class Job:
-    key: str
-    priority: str
-    cost: int
-    enqueued_at: float
-    granted: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-    cancelled: bool = False
-    in_queue: bool = False
+    # A plain slotted class: one is built for every queued request.
+    __slots__ = ("cancelled", "cost", "enqueued_at", "granted", "in_queue", "key", "priority")
+
+    def __init__(
+        self,
+        key: str,
+        priority: str,
+        cost: int,
+        enqueued_at: float,
+        granted: asyncio.Future[None] | None = None,
+    ) -> None:
+        self.key = key
+        self.priority = priority
+        self.cost = cost
+        self.enqueued_at = enqueued_at
+        self.granted = asyncio.get_running_loop().create_future() if granted is None else granted
+        self.cancelled = False
+        self.in_queue = False
 
     def grant(self) -> bool:
         """Wake the waiting request; False if it already gave up (timeout, disconnect)."""
@@ -24,3 +35,8 @@ class Job:
             return False
         self.granted.set_result(None)
         return True
+
+    def expire(self) -> None:
+        """The wait's deadline passed: the request gives up, unless granted just before."""
+        if not self.granted.done():
+            self.granted.set_exception(QueueExpired())

@@ -238,7 +238,8 @@ class Connection(asyncio.Protocol):
         self._cancel_timer()
         response = self._response
         if response is not None and not response.complete:
-            if self._until_eof and response._head.done() and exc is None:
+            ended = exc is None and response._error is None  # not closed by a failure of ours
+            if self._until_eof and response._head.done() and ended:
                 response._got_end()  # a body delimited by the end of the connection
             else:
                 response._failed(_reset("the upstream closed the connection"))
@@ -266,8 +267,10 @@ class Connection(asyncio.Protocol):
         self._response._got_head(status, headers)
 
     def on_body(self, body: bytes) -> None:
-        assert self._response is not None
-        if self._response._got_body(body) and not self._paused and self.transport is not None:
+        response = self._response
+        if response is None or response.complete or response._error is not None:
+            return  # the parser runs on through a buffer this connection already gave up
+        if response._got_body(body) and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
 
