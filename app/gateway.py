@@ -336,6 +336,11 @@ class Gateway:
                 except Exception as exc:
                     log.error("ledger flush failed (kept for the next flush): %r", exc)
 
+    def render_metrics(self) -> bytes:
+        """The exposition, with this process's gauges read at this instant."""
+        self._sync_gauges()
+        return self.metrics.render()
+
     def _sync_gauges(self) -> None:
         for d in self.domains:
             self.metrics.set_domain_state(d.name, d.healthy is not False, d.breaker.is_open)
@@ -382,7 +387,7 @@ class Gateway:
                 "priority": k.priority,
                 "domain": k.domain,
                 "models": sorted(k.models) if k.models is not None else None,
-                "limits": dataclasses.asdict(self.admission.limits_for(k)),
+                "limits": self.admission.limits_for(k)._asdict(),
                 "live_override": k.alias in self.admission.overrides,
             }
             for k in self.runtime.keys

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -33,6 +33,23 @@ _QUEUE = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+class UsageLike(Protocol):
+    """What `record_answer` reads of a ledger entry (`app.limits.ledger.UsageEntry`)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def failed_prompt_tokens(self) -> int: ...
+    @property
+    def failed_completion_tokens(self) -> int: ...
+
+
 def multiprocess_enabled() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
@@ -48,6 +65,7 @@ class Metrics:
         self.registry = registry
         self._models: set[str] = set(models)
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._answers: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
         r = registry
         self.requests = Counter(
             "tokengate_requests",
@@ -187,6 +205,33 @@ class Metrics:
         m = self.model_label(model)
         self._child(self.requests, domain, m, str(status)).inc()
         self._child(self.duration, domain, m).observe(seconds)
+
+    def record_answer(
+        self, domain: str, model: str | None, usage: UsageLike, status: int, seconds: float
+    ) -> None:
+        """The end of an admitted request: its status, duration and tokens, in one call
+        whose label children are cached together (this runs once per request). Tokens are
+        only ever counted once the serving model is known, so one `model` labels all."""
+        m = self.model_label(model)
+        kids = self._answers.get((domain, usage.key, m, status))
+        if kids is None:
+            kids = self._answers[(domain, usage.key, m, status)] = (
+                self._child(self.requests, domain, m, str(status)),
+                self._child(self.duration, domain, m),
+                self._child(self.tokens, usage.key, m, "prompt"),
+                self._child(self.tokens, usage.key, m, "completion"),
+            )
+        requests, duration, prompt, completion = kids
+        requests.inc()
+        duration.observe(seconds)
+        if usage.prompt_tokens:
+            prompt.inc(usage.prompt_tokens)
+        if usage.completion_tokens:
+            completion.inc(usage.completion_tokens)
+        if usage.failed_prompt_tokens or usage.failed_completion_tokens:
+            self.record_failed_usage(
+                usage.key, usage.model, usage.failed_prompt_tokens, usage.failed_completion_tokens
+            )
 
     def record_ttft(self, domain: str, model: str | None, seconds: float) -> None:
         self._child(self.ttft, domain, self.model_label(model)).observe(seconds)

@@ -40,6 +40,10 @@ def _config(app: Any, runtime: Runtime, host: str, port: int, workers: int) -> u
         lifespan="on",
         timeout_graceful_shutdown=int(runtime.settings.server.drain_timeout_sec) or None,
         timeout_keep_alive=30,
+        # Nothing reads the client's address, so X-Forwarded-* rewriting is a middleware
+        # layer per request for nothing; and the server need not announce itself.
+        proxy_headers=False,
+        server_header=False,
     )
 
 

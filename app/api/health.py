@@ -24,4 +24,4 @@ async def ready(gateway: GatewayDep) -> Response:
 
 @router.get("/metrics")
 async def metrics(gateway: GatewayDep) -> Response:
-    return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(gateway.render_metrics(), media_type=CONTENT_TYPE)

@@ -19,10 +19,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.body import ClientGone, read_body
 from app.api.errors import render
-from app.api.responses import SseResponse, json_response
+from app.api.responses import SseResponse, send_json
 from app.errors import GatewayError, InternalError
 from app.gateway import Gateway
-from app.proxy.answer import StreamAnswer
+from app.proxy.answer import Answer, JsonAnswer
 from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
 from app.proxy.wire import parse_call
 from app.upstream.client import forwardable
@@ -44,8 +44,9 @@ class ProxyRoutes:
         if scope["method"] != "POST":
             await _method_not_allowed(scope, receive, send)
             return
+        response: Response
         try:
-            response = await self._answer(endpoint, scope, receive)
+            answer = await self._answer(endpoint, scope, receive)
         except GatewayError as exc:
             response = render(exc, anthropic=endpoint.anthropic)
         except ClientGone:
@@ -53,9 +54,14 @@ class ProxyRoutes:
         except Exception as exc:
             log.error("unhandled error on %s", scope["path"], exc_info=exc)
             response = render(InternalError(), anthropic=endpoint.anthropic)
+        else:
+            if isinstance(answer, JsonAnswer):
+                await send_json(answer, send)
+                return
+            response = SseResponse(answer)
         await response(scope, receive, send)
 
-    async def _answer(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> Response:
+    async def _answer(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> Answer:
         started = time.perf_counter()
         gateway = self.gateway
         authorization = api_key = None
@@ -68,10 +74,7 @@ class ProxyRoutes:
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
-        answer = await gateway.proxy.handle(call)
-        if isinstance(answer, StreamAnswer):
-            return SseResponse(answer)
-        return json_response(answer)
+        return await gateway.proxy.handle(call)
 
 
 async def _method_not_allowed(scope: Scope, receive: Receive, send: Send) -> None:

@@ -17,6 +17,18 @@ def json_response(answer: JsonAnswer) -> Response:
     return Response(answer.body, answer.status, answer.headers, media_type=answer.content_type)
 
 
+async def send_json(answer: JsonAnswer, send: Send) -> None:
+    """`json_response(answer)` sent straight as the two ASGI messages: the proxy's hot
+    path skips building a Response object and its header normalisation."""
+    headers = [
+        (b"content-type", answer.content_type.encode("latin-1")),
+        (b"content-length", str(len(answer.body)).encode()),
+    ]
+    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers.items()]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
 class SseResponse(Response):
     media_type = "text/event-stream"
 

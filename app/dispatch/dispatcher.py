@@ -7,6 +7,10 @@
                                              never past max_inflight, paced to the
                                              upstream quota ──► slot
 
+The queue-depth and in-flight gauges are read from here when /metrics is scraped (and
+every second for other workers' scrapes), not written on every change: that was a
+measurable share of a request's CPU.
+
 A slot is held until the answer ends (a stream holds it to its last byte) and its
 release wakes the loop. The dispatcher never calls the upstream itself: it grants
 slots, and each request makes its own call in its own (ASGI) task, so a client
@@ -125,7 +129,6 @@ class Dispatcher:
                 should_retry=True,
             )
         self._wake.set()
-        self.metrics.set_queue_depth(self.domain, len(self.queue))
         # A timer that fails the job's own future, not `asyncio.wait_for` (which wraps the
         # wait in another future per request): a grant and an expiry can not both happen.
         timer = job.granted.get_loop().call_later(self.max_wait, job.expire)
@@ -152,7 +155,6 @@ class Dispatcher:
 
     def _forget(self, job: Job) -> None:
         self.queue.cancel(job)
-        self.metrics.set_queue_depth(self.domain, len(self.queue))
         if self.idle:
             self._idle.set()
 
@@ -165,13 +167,11 @@ class Dispatcher:
     def _take(self, batch: bool = False) -> None:
         self.inflight += 1
         self.batch_inflight += batch
-        self.metrics.set_inflight(self.domain, self.inflight)
 
     def _release(self, batch: bool = False) -> None:
         self.inflight -= 1
         self.batch_inflight -= batch
         self._drain.tick()
-        self.metrics.set_inflight(self.domain, self.inflight)
         if len(self.queue):
             self._wake.set()
         elif self.inflight == 0:
@@ -189,7 +189,6 @@ class Dispatcher:
             released = await self._release_group()
             if released:
                 self.metrics.record_batch(self.domain, released)
-            self.metrics.set_queue_depth(self.domain, len(self.queue))
             await asyncio.sleep(0)  # let the group's requests start before the next group
 
     def _can_release(self) -> bool:

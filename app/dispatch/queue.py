@@ -79,6 +79,7 @@ class DomainQueue:
         self.capacity = capacity
         self._classes = {p: _ClassLanes() for p in CLASSES}
         self._size = 0
+        self._batch = 0  # of _size, jobs of the batch class
 
     def __len__(self) -> int:
         return self._size
@@ -92,6 +93,7 @@ class DomainQueue:
         self._classes[job.priority].push(job)
         job.in_queue = True
         self._size += 1
+        self._batch += job.priority == "batch"
         return True
 
     def pop(self, *, allow_batch: bool = True) -> Job | None:
@@ -100,6 +102,7 @@ class DomainQueue:
             if job is not None:
                 job.in_queue = False
                 self._size -= 1
+                self._batch -= priority == "batch"
                 return job
         return None
 
@@ -109,9 +112,10 @@ class DomainQueue:
         if job.in_queue:
             job.in_queue = False
             self._size -= 1
+            self._batch -= job.priority == "batch"
 
     def interactive_waiting(self) -> bool:
-        return any(self._classes[p].lanes for p in PRIORITIES)
+        return self._size > self._batch
 
     def depth_by_priority(self) -> dict[str, int]:
         return {

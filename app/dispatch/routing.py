@@ -34,4 +34,6 @@ def serving(domains: Sequence[C], model: str, pinned: str | None) -> list[C]:
 
 def rank(candidates: Sequence[C]) -> list[C]:
     """Available candidates, best first; empty if none is available."""
+    if len(candidates) == 1:  # the common deployment: nothing to sort
+        return [candidates[0]] if candidates[0].available() else []
     return sorted((d for d in candidates if d.available()), key=lambda d: d.expected_wait())

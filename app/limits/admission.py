@@ -27,7 +27,7 @@ from app.runtime import KeySpec
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
-@dataclass
+@dataclass(slots=True)
 class Ticket:
     key: str
     limits: Limits

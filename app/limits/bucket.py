@@ -14,29 +14,31 @@ the same table of cases against both.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 WINDOW_SEC = 60.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Bucket:
     capacity: float
     level: float
     stamp: float
+    rate: float = field(init=False)  # per second; kept with `capacity` (read per request)
+
+    def __post_init__(self) -> None:
+        self.rate = self.capacity / WINDOW_SEC
 
     @classmethod
     def full(cls, capacity: float, now: float) -> Bucket:
         return cls(capacity=capacity, level=capacity, stamp=now)
 
-    @property
-    def rate(self) -> float:
-        return self.capacity / WINDOW_SEC
-
     def refill(self, now: float) -> None:
         if now > self.stamp:
-            self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
-        self.stamp = max(self.stamp, now)
+            level = self.level + (now - self.stamp) * self.rate
+            self.level = level if level < self.capacity else self.capacity
+            self.stamp = now
 
     def wait_for(self, amount: float) -> float:
         """Seconds until `amount` fits (inf if it never can); call after `refill`."""
@@ -53,20 +55,22 @@ class Bucket:
         if capacity != self.capacity and self.capacity > 0:
             self.level = self.level * capacity / self.capacity
         self.capacity = capacity
+        self.rate = capacity / WINDOW_SEC
 
     def debit(self, amount: float) -> None:
         self.level = min(self.capacity, max(-self.capacity, self.level - amount))
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     requests_per_minute: int
     tokens_per_minute: int
 
 
-@dataclass(frozen=True)
-class Decision:
-    """Outcome of one admission, with what OpenAI's x-ratelimit-* headers report."""
+class Decision(NamedTuple):
+    """Outcome of one admission, with what OpenAI's x-ratelimit-* headers report.
+
+    (Immutable records built on every request are NamedTuples: a frozen dataclass
+    costs one `object.__setattr__` per field to construct.)"""
 
     allowed: bool
     limit: str | None  # which limit refused: "requests" | "tokens"

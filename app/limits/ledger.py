@@ -13,6 +13,7 @@ import asyncio
 import sqlite3
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 COUNTERS = (
     "requests",
@@ -24,8 +25,9 @@ COUNTERS = (
 )
 
 
-@dataclass(frozen=True)
-class UsageEntry:
+class UsageEntry(NamedTuple):
+    """One answered request's usage (a NamedTuple: one is built per request)."""
+
     key: str
     model: str
     prompt_tokens: int = 0
@@ -57,8 +59,14 @@ class LedgerRow:
     failed_completion_tokens: int = 0
 
     def add(self, values: tuple[int, ...]) -> None:
-        for name, value in zip(COUNTERS, values, strict=True):
-            setattr(self, name, getattr(self, name) + value)
+        # Spelled out, not a loop over COUNTERS with getattr/setattr: once per request.
+        requests, errors, prompt, completion, failed_prompt, failed_completion = values
+        self.requests += requests
+        self.errors += errors
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.failed_prompt_tokens += failed_prompt
+        self.failed_completion_tokens += failed_completion
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -66,7 +66,7 @@ class MemoryBuckets:
                 Bucket.full(limits.tokens_per_minute, now),
             )
             self._keys[key] = found
-        else:
+        elif (found.requests.capacity, found.tokens.capacity) != limits:
             found.requests.resize(limits.requests_per_minute)
             found.tokens.resize(limits.tokens_per_minute)
         return found

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from itertools import chain
 
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
@@ -80,6 +81,8 @@ class Proxy:
         )
         self.aliases = runtime.settings.model_aliases
         self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
+        # Domains by the API they speak (anthropic or not), looked up per request.
+        self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
 
     # -- the entry point ----------------------------------------------------------
     async def handle(self, call: ProxyCall) -> Answer:
@@ -92,13 +95,13 @@ class Proxy:
             call.started or self.clock(),
         )
         try:
-            requested, plan = self._plan(call)
+            requested, first = self._plan(call)
             ticket = await self.admission.admit(call.key, call.cost(self.default_max_tokens))
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
         try:
-            reply, domain, model, slot = await self._execute(call, plan, trace)
+            reply, domain, model, slot = await self._execute(call, requested, first, trace)
         except BaseException as exc:
             self._finish(call, trace, ticket, _status_of(exc), exc=exc)
             raise
@@ -109,7 +112,9 @@ class Proxy:
         return self._json_answer(call, trace, ticket, reply, domain)
 
     # -- model and plan -------------------------------------------------------------
-    def _plan(self, call: ProxyCall) -> tuple[str, list[tuple[str, list[Domain]]]]:
+    def _plan(self, call: ProxyCall) -> tuple[str, list[Domain]]:
+        """The model to serve and the domains serving it; fallbacks are planned only when
+        this one fails (`_fallbacks`)."""
         asked = call.model or self.runtime.default_model
         if not asked:
             raise InvalidRequest(
@@ -123,7 +128,7 @@ class Proxy:
             raise PermissionDenied(
                 f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
             )
-        domains = [d for d in self.domains if d.speaks(call.endpoint.anthropic)]
+        domains = self.speaking[call.endpoint.anthropic]
         if not domains:
             raise NotFound(
                 f"no domain speaks the API of {call.endpoint.path}: set api_style = "
@@ -133,15 +138,18 @@ class Proxy:
         first = serving(domains, target, key.domain)
         if not first:
             raise ModelNotFound(_not_found(asked, key.domain), param="model")
-        plan = [(target, first)]
+        return target, first
+
+    def _fallbacks(self, call: ProxyCall, target: str) -> Iterator[tuple[str, list[Domain]]]:
+        domains = self.speaking[call.endpoint.anthropic]
+        key = call.key
         for name in self.runtime.fallbacks:
             fb = self.aliases.get(name, name)
             if fb == target or not self._allowed(key.models, name, fb):
                 continue
             candidates = serving(domains, fb, key.domain)
             if candidates:
-                plan.append((fb, candidates))
-        return target, plan
+                yield fb, candidates
 
     @staticmethod
     def _allowed(models: frozenset[str] | None, asked: str, target: str) -> bool:
@@ -149,14 +157,17 @@ class Proxy:
 
     # -- execution --------------------------------------------------------------------
     async def _execute(
-        self, call: ProxyCall, plan: list[tuple[str, list[Domain]]], trace: Trace
+        self, call: ProxyCall, target: str, first: list[Domain], trace: Trace
     ) -> tuple[Reply, Domain, str, Slot]:
         last: BaseException | None = None
         congested: set[str] = set()  # full or slow queues: a fallback there would wait again
+        plan = chain([(target, first)], self._fallbacks(call, target))
         for i, (model, candidates) in enumerate(plan):
             if i:
-                self.metrics.record_fallback(plan[0][0], model)
-            ranked = [d for d in rank(candidates) if d.name not in congested]
+                self.metrics.record_fallback(target, model)
+            ranked = rank(candidates)
+            if congested:
+                ranked = [d for d in ranked if d.name not in congested]
             if not ranked and last is None:
                 last = self._no_domain(model, candidates)
             for domain in ranked[:MAX_DOMAINS_PER_MODEL]:
@@ -333,22 +344,26 @@ class Proxy:
             failed_completion_tokens=failed[1],
         )
         self.admission.settle(ticket, entry, self.spawn, dispatched=trace.dispatched)
-        self.metrics.record_usage(
-            call.key.alias, model, entry.prompt_tokens, entry.completion_tokens
-        )
-        self.metrics.record_failed_usage(call.key.alias, model, *failed)
-        self._log(trace, status, exc)
+        self._log(trace, status, exc, entry)
 
-    def _log(self, trace: Trace, status: int, exc: BaseException | None) -> None:
+    def _log(
+        self,
+        trace: Trace,
+        status: int,
+        exc: BaseException | None,
+        usage: UsageEntry | None = None,
+    ) -> None:
         trace.status = status
         if isinstance(exc, GatewayError):
             trace.error = exc.code or exc.type
         elif exc is not None:
             trace.error = type(exc).__name__
         seconds = self.clock() - trace.started
-        self.metrics.record_request(
-            trace.domain or "-", trace.model or trace.requested_model, status, seconds
-        )
+        domain, model = trace.domain or "-", trace.model or trace.requested_model
+        if usage is None:  # refused before admission: no tokens, no ledger entry
+            self.metrics.record_request(domain, model, status, seconds)
+        else:
+            self.metrics.record_answer(domain, model, usage, status, seconds)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
 

@@ -8,6 +8,11 @@
 
 Only upstream faults count (connection errors, timeouts, 5xx, 429 storms); a 4xx
 the client caused says nothing about the upstream.
+
+The failure-rate window is kept as one-second buckets `[second, outcomes, failures]`,
+not one entry per outcome: at thousands of answers a second an entry per outcome
+held a window of 100k tuples, and every failure summed them all, exactly when an
+outage made failures frequent.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ class Breaker:
         self.consecutive = 0
         self.opened_at = 0.0
         self._probe_out = False
-        self._events: deque[tuple[float, bool]] = deque()
+        self._window: deque[list[int]] = deque()  # [second, outcomes, failures]
 
     def allows(self) -> bool:
         """May a request be sent now? In half-open, only one probe at a time."""
@@ -47,27 +52,36 @@ class Breaker:
 
     def record(self, ok: bool) -> None:
         now = self.clock()
-        self._events.append((now, ok))
-        while self._events and self._events[0][0] < now - self.cfg.window_sec:
-            self._events.popleft()
+        self._count(int(now), ok)
         if ok:
             self.consecutive = 0
             if self.state == "half-open":
                 self.state = "closed"
-                self._events.clear()
+                self._window.clear()
             return
         self.consecutive += 1
         if self.state == "half-open" or self._should_open():
             self.state = "open"
             self.opened_at = now
 
+    def _count(self, second: int, ok: bool) -> None:
+        window = self._window
+        while window and window[0][0] <= second - self.cfg.window_sec:
+            window.popleft()
+        if not window or window[-1][0] != second:
+            window.append([second, 0, 0])
+        slot = window[-1]
+        slot[1] += 1
+        if not ok:
+            slot[2] += 1
+
     def _should_open(self) -> bool:
         if self.consecutive >= self.cfg.failure_threshold:
             return True
-        n = len(self._events)
+        n = sum(slot[1] for slot in self._window)
         if n < self.cfg.min_requests:
             return False
-        failures = sum(1 for _, ok in self._events if not ok)
+        failures = sum(slot[2] for slot in self._window)
         return failures / n >= self.cfg.failure_rate
 
     def release_probe(self) -> None:

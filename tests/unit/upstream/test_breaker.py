@@ -39,6 +39,24 @@ def test_opens_on_failure_rate_with_enough_requests() -> None:
     assert b.is_open
 
 
+def test_failures_older_than_the_window_no_longer_count() -> None:
+    b, clock = breaker(failure_threshold=100, failure_rate=0.5, min_requests=10, window_sec=30)
+    for _ in range(9):
+        b.record(False)  # 9 failures at t=0: below min_requests
+    clock.now = 30.5
+    for i in range(10):
+        b.record(i % 3 == 1)  # 7 of 10 fail, with the 9 old ones gone: 0.7 >= 0.5
+    assert b.is_open
+    b2, clock2 = breaker(failure_threshold=100, failure_rate=0.5, min_requests=10, window_sec=30)
+    for _ in range(9):
+        b2.record(False)
+    clock2.now = 30.5
+    for _ in range(20):
+        b2.record(True)  # 20 fresh successes; had the old failures counted, 9 of 29 fail
+    b2.record(False)
+    assert not b2.is_open  # 1 of 21 inside the window
+
+
 def test_half_open_lets_one_probe_and_closes_on_success() -> None:
     b, clock = breaker(failure_threshold=1)
     b.record(False)
