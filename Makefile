@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := redis-server prometheus
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps demo test test-unit test-e2e lint format docs bench clean
+.PHONY: help install system-deps bench-deps demo test test-unit test-e2e lint format docs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -20,16 +20,27 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install tokengate with its dev tools
 
-system-deps: ## install redis-server and promtool (Debian packages) when missing
+# `apt-get install` of the Debian packages whose command is missing: $(call apt,cmd:pkg ...)
+define apt
 	@missing=""; \
-	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
-	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	for pair in $(1); do \
+	  command -v "$${pair%%:*}" >/dev/null || [ -x "/usr/sbin/$${pair%%:*}" ] || missing="$$missing $${pair#*:}"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
-	@command -v redis-server >/dev/null && command -v promtool >/dev/null
+	fi; \
+	for pair in $(1); do \
+	  command -v "$${pair%%:*}" >/dev/null || [ -x "/usr/sbin/$${pair%%:*}" ] || { echo "still missing: $${pair%%:*}"; exit 1; }; \
+	done
+endef
+
+system-deps: ## install redis-server and promtool (Debian packages) when missing
+	$(call apt,redis-server:redis-server promtool:prometheus)
+
+bench-deps: system-deps ## also install nginx and wrk (Debian packages) when missing
+	$(call apt,nginx:nginx wrk:wrk)
 
 demo: install ## run the simulated upstream + the gateway on the shipped config, print a snippet
 	$(BIN)/python -m app.demo
@@ -52,7 +63,7 @@ format: install ## apply ruff's formatting and safe fixes
 docs: install ## regenerate the README's configuration reference from the schema
 	$(BIN)/python -c "import pathlib; from app.config.reference import splice; p = pathlib.Path('README.md'); p.write_text(splice(p.read_text()))"
 
-bench: install system-deps ## side-by-side benchmark (results under tests/bench/results/)
+bench: install bench-deps ## side-by-side benchmark (results under tests/bench/results/)
 	$(BIN)/python -m tests.bench.run
 
 clean: ## remove the venv, caches and local state

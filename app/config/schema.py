@@ -74,8 +74,8 @@ class TokenSchedulerConfig(Section):
         2.0,
         ge=0,
         le=1000,
-        description="Longest a dispatch group waits to fill while the domain is busy; an idle "
-        "domain dispatches a lone request at once.",
+        description="Longest a dispatch group of queued requests waits to fill; a request that "
+        "finds a free slot and nobody queued goes at once.",
     )
     queue_capacity: int = Field(
         1024, ge=1, description="Queued requests per domain; past it new requests get 503."

@@ -82,7 +82,7 @@ def tokengate(
     log_level: str = "warning",
     cpus: str | None = None,
     redis_url: str | None = None,
-    upstream_client: str = "aiohttp",
+    upstream_client: str = "native",
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
 
@@ -120,7 +120,7 @@ def tokengate(
     notes = [f"{workers} worker(s), log level {log_level}, auth + limits + queue + metrics on"]
     if redis_url:
         notes.append("limits and ledger in Redis")
-    if upstream_client != "aiohttp":
+    if upstream_client != "native":
         notes.append(f"upstream client: {upstream_client}")
     return Subject(name, url, bearer(GATEWAY_KEY), proc, notes, workdir / "gateway.log")
 

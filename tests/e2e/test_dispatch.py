@@ -68,7 +68,9 @@ async def test_batch_size_bounds_every_dispatch_group(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:
     sim = make_sim("--latency-ms", "50")
-    gw = make_gateway(GatewaySpec(toml={"token_scheduler": {"batch_size": 4}}), sim.url)
+    # 8 slots for 32 requests: 24 queue and go out in groups as slots free up.
+    toml = {"token_scheduler": {"batch_size": 4, "max_inflight": 8}}
+    gw = make_gateway(GatewaySpec(toml=toml), sim.url)
     responses = await post_all(gw, [body() for _ in range(32)])
     assert all(r.status_code == 200 for r in responses)
     hist = histogram(gw.metrics(), "tokengate_batch_size", "domain-a")

@@ -42,18 +42,47 @@ def batches(metrics: Metrics) -> list[tuple[float, float]]:
     return out
 
 
-async def test_idle_domain_grants_at_once_and_busy_one_groups_by_batch_size() -> None:
-    d, metrics = make(batch_size=4)
-    first = await d.acquire("k", "normal", 1)  # idle: immediate
+async def test_a_free_slot_is_taken_at_once_even_when_the_domain_is_busy() -> None:
+    # A long window: any request that went through the queue would wait for it.
+    d, metrics = make(batch_size=4, batch_window_ms=10_000, max_inflight=8)
+    slots = [await asyncio.wait_for(d.acquire("k", "normal", 1), 1) for _ in range(8)]
+    assert d.inflight == 8 and len(d.queue) == 0
+    assert dict(batches(metrics))[1.0] == 8  # each went alone, none waited for a group
+    for s in slots:
+        s.release()
+    await d.stop()
+
+
+async def test_queued_requests_are_released_in_groups_of_at_most_batch_size() -> None:
+    d, metrics = make(batch_size=4, max_inflight=12)
+    held = [await d.acquire("k", "normal", 1) for _ in range(12)]  # the domain is full
     waiters = [asyncio.ensure_future(d.acquire("k", "normal", 1)) for _ in range(10)]
+    await asyncio.sleep(0)
+    assert len(d.queue) == 10
+    for s in held:  # twelve slots free up at once: the queue goes out in groups
+        s.release()
     slots = await asyncio.gather(*waiters)
-    assert len(slots) == 10 and d.inflight == 11
+    assert len(slots) == 10 and d.inflight == 10
     hist = dict(batches(metrics))
     assert hist[4.0] == hist[float("inf")]  # no group above batch_size
-    assert hist[2.0] < hist[4.0]  # groups did fill
-    for s in [first, *slots]:
+    assert hist[4.0] - hist[2.0] >= 2  # groups did fill: at least two of 3-4
+    for s in slots:
         s.release()
     assert d.inflight == 0
+    await d.stop()
+
+
+async def test_batch_work_over_its_share_queues_behind_a_free_slot() -> None:
+    d, _ = make(max_inflight=4, batch_share=0.5)
+    batch = [await asyncio.wait_for(d.acquire("b", "batch", 1), 1) for _ in range(2)]
+    third = asyncio.ensure_future(d.acquire("b", "batch", 1))
+    await asyncio.sleep(0.01)
+    assert not third.done() and len(d.queue) == 1  # 2 of 4 slots is the batch share
+    interactive = await asyncio.wait_for(d.acquire("i", "normal", 1), 1)  # not held back
+    batch[0].release()
+    (await asyncio.wait_for(third, 1)).release()
+    for s in (batch[1], interactive):
+        s.release()
     await d.stop()
 
 
