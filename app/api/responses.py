@@ -51,8 +51,11 @@ class SseResponse(Response):
                     "headers": self.raw_headers,
                 }
             )
-            async for chunk in self.answer.body():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            answer, more = self.answer, True
+            async for chunk in answer.body():
+                more = not answer.ending  # the last chunk carries the end of the answer
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            if more:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await self.answer.aclose()

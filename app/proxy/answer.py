@@ -75,45 +75,59 @@ class StreamAnswer:
             "cache-control": "no-cache",
         }
         self._finished = False
+        self._ttft_done = False
+        self.ending = False  # set as the last chunk is yielded: the answer ends with it
 
     async def body(self) -> AsyncIterator[bytes]:
+        """The events to relay. The last chunk is yielded with `ending` set: bytes that
+        arrived together with the end of the upstream body are held (no wait: the end is
+        already known) and go out with the end of the answer, in one write."""
         relay, status, outcome = self.relay, 200, None
+        response = self._reply.response
+        held = b""
         try:
             out = relay.feed(self._reply.first)
-            if out:
+            if response.complete:
+                held = out
+            elif out:
                 self._ttft()
                 yield out
             assert self._reply.rest is not None
             async for chunk in self._reply.rest:
                 out = relay.feed(chunk)
-                if out:
+                if response.complete:
+                    held += out
+                elif out:
                     self._ttft()
                     yield out
-            out = relay.finish()
-            if out:
-                yield out
+            held += relay.finish()
             if not relay.done and not relay.has_usage:
                 outcome = "truncated"
-                yield error_event(
+                held += error_event(
                     "the upstream closed the stream early",
                     "stream_interrupted",
                     anthropic=self._call.endpoint.anthropic,
                 )
         except AttemptFailed as failure:
             outcome = failure.reason
-            yield error_event(
+            held += error_event(
                 f"the upstream stream broke off ({failure.reason})",
                 "stream_interrupted",
                 anthropic=self._call.endpoint.anthropic,
             )
         except BaseException:
             status, outcome = 499, "client_closed"
+            await self._close(status, outcome)
             raise
+        self._ttft()
+        self.ending = True
+        try:
+            yield held
         finally:
-            await self._close(status if outcome in (None, "client_closed") else 502, outcome)
+            await self._close(status if outcome is None else 502, outcome)
 
     def _ttft(self) -> None:
-        if self.relay.saw_content and not getattr(self, "_ttft_done", False):
+        if self.relay.saw_content and not self._ttft_done:
             self._ttft_done = True
             seconds = self._proxy.clock() - self._trace.started
             model = self.relay.model or self._trace.attempts[-1].model
@@ -138,7 +152,7 @@ class StreamAnswer:
         if relay.has_usage:
             completion = relay.completion_tokens or 0
         else:
-            completion, trace.estimated = relay.text.tokens, True
+            completion, trace.estimated = relay.completion_estimate(), True
         failed = (0, 0)
         if outcome is None:
             trace.prompt_tokens, trace.completion_tokens = prompt, completion

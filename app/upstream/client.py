@@ -43,6 +43,12 @@ class UpstreamResponse(Protocol):
     status: int
     headers: dict[str, str]
 
+    @property
+    def complete(self) -> bool:
+        """True once the whole body has arrived (the relay then ends the client's answer
+        with its last bytes, one write instead of two); False when the client can't tell."""
+        ...
+
     async def read(self) -> bytes: ...
 
     def chunks(self) -> AsyncIterator[bytes]: ...
@@ -141,6 +147,10 @@ class _AiohttpResponse:
         finally:
             self._resp.release()
 
+    @property
+    def complete(self) -> bool:
+        return self._resp.content.at_eof()
+
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._resp.content.iter_any():
@@ -215,6 +225,8 @@ class AiohttpTransport:
 
 
 class _HttpxResponse:
+    complete = False  # httpx only says so when the next read comes back empty
+
     def __init__(self, resp: httpx.Response) -> None:
         self._resp = resp
         self.status = resp.status_code

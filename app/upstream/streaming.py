@@ -9,6 +9,13 @@ the usage-only chunk (empty `choices`) is captured and not forwarded.
 
 Anthropic's Messages stream (`event:` lines) carries usage in `message_start` and
 `message_delta`; the same relay reads it.
+
+Once an OpenAI stream has shown its model and first content, later content events
+are not parsed as they pass: their text matters only if the stream ends without
+usage (then it is the estimate), and parsing every token's event was most of the
+relay's cost. They are kept as bytes, at most `UNREAD_LIMIT` per stream (past it
+they are read and dropped), and read only when an estimate is asked for. An event
+that names a non-null `usage` is always read at once.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import orjson
 from app.limits.estimate import TextCounter
 
 _SEP = b"\n\n"
+UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
 
 
 class SseRelay:
@@ -33,6 +41,24 @@ class SseRelay:
         self.done = False
         self.events = 0
         self._tail = b""
+        self._skim = False  # an OpenAI stream past its first content: defer content events
+        self._unread: list[bytes] = []
+        self._unread_bytes = 0
+
+    def completion_estimate(self) -> int:
+        """Completion tokens estimated from the text streamed so far."""
+        self._read_unread()
+        return self.text.tokens
+
+    def _read_unread(self) -> None:
+        unread, self._unread, self._unread_bytes = self._unread, [], 0
+        for payload in unread:
+            try:
+                obj = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                self._read(obj)
 
     @property
     def has_usage(self) -> bool:
@@ -49,11 +75,16 @@ class SseRelay:
             return b""
         self._tail = data[end + 2 :]
         complete = data[: end + 2]
+        events = complete.split(_SEP)
+        events.pop()  # the empty piece after the last separator
+        inspect = self._inspect
         if not self.strip:
-            for event in complete.split(_SEP)[:-1]:
-                self._inspect(event)
+            for event in events:
+                inspect(event)
             return complete
-        kept = [event for event in complete.split(_SEP)[:-1] if self._inspect(event)]
+        kept = [event for event in events if inspect(event)]
+        if len(kept) == len(events):  # the usual chunk: nothing to remove, nothing to copy
+            return complete
         return b"".join(e + _SEP for e in kept)
 
     def finish(self) -> bytes:
@@ -66,11 +97,21 @@ class SseRelay:
     def _inspect(self, event: bytes) -> bool:
         """Read one event; False if it must not be forwarded."""
         self.events += 1
-        payload = _data_of(event)
-        if payload is None:
-            return True
+        if event.startswith(b"data: ") and b"\n" not in event:
+            payload = event[6:]  # the usual one-line event
+        else:
+            found = _data_of(event)
+            if found is None:
+                return True
+            payload = found
         if payload == b"[DONE]":
             self.done = True
+            return True
+        if self._skim and not _names_usage(payload):
+            self._unread.append(payload)
+            self._unread_bytes += len(payload)
+            if self._unread_bytes > UNREAD_LIMIT:
+                self._read_unread()
             return True
         try:
             obj = orjson.loads(payload)
@@ -87,22 +128,22 @@ class SseRelay:
         if isinstance(kind, str):
             self._read_anthropic(kind, obj)
             return True
-        for choice in obj.get("choices") or ():
-            if isinstance(choice, dict):
-                self._count(choice)
+        choices = obj.get("choices")
+        if choices and isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict):
+                    delta = choice.get("delta")
+                    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                    if text and isinstance(text, str):
+                        self.saw_content = True
+                        self.text.add(text)
+            self._skim = self.model is not None and self.saw_content
         usage = obj.get("usage")
-        if isinstance(usage, dict):
+        if usage is not None and isinstance(usage, dict):
             self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
-            if self.strip and not obj.get("choices"):
+            if self.strip and not choices:
                 return False
         return True
-
-    def _count(self, choice: dict[str, Any]) -> None:
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-        if isinstance(text, str) and text:
-            self.saw_content = True
-            self.text.add(text)
 
     def _read_anthropic(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "message_start":
@@ -127,6 +168,18 @@ class SseRelay:
     def _take_usage(self, prompt: Any, completion: Any) -> None:
         self.prompt_tokens = _int(prompt)
         self.completion_tokens = _int(completion)
+
+
+def _names_usage(payload: bytes) -> bool:
+    """Does the event carry a `usage` that is not null (OpenAI sends `"usage":null` on
+    every chunk once usage was asked for)? A quote inside a JSON string is escaped, so
+    `"usage"` in the bytes is a key."""
+    at = payload.find(b'"usage"')
+    while at >= 0:
+        if not payload[at + 7 : at + 16].lstrip(b": \t").startswith(b"null"):
+            return True
+        at = payload.find(b'"usage"', at + 7)
+    return False
 
 
 def _data_of(event: bytes) -> bytes | None:

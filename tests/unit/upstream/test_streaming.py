@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app.upstream.streaming import SseRelay, error_event
+from app.upstream.streaming import UNREAD_LIMIT, SseRelay, error_event
 
 
 def ev(obj: object) -> bytes:
@@ -46,7 +46,7 @@ def test_crlf_streams_are_normalised() -> None:
 def test_interrupted_stream_estimate_from_streamed_text() -> None:
     relay = SseRelay(strip_usage_chunk=True)
     relay.feed(CHUNKS[0] + CHUNKS[1])
-    assert not relay.has_usage and relay.text.tokens == 3  # "hello world" = 11 chars
+    assert not relay.has_usage and relay.completion_estimate() == 3  # "hello world" = 11 chars
 
 
 def test_anthropic_usage_is_read() -> None:
@@ -67,3 +67,33 @@ def test_anthropic_usage_is_read() -> None:
 def test_error_event_is_what_the_sdks_raise_on() -> None:
     body = json.loads(error_event("gone", "stream_interrupted")[6:])
     assert body["error"]["code"] == "stream_interrupted"
+
+
+def openai_chunk(text: str, usage: object = None) -> bytes:
+    body = {"model": "m", "choices": [{"index": 0, "delta": {"content": text}}], "usage": usage}
+    return ev(body)
+
+
+def test_content_read_later_still_counts_every_token_of_an_interrupted_stream() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    pieces = [openai_chunk(t) for t in ("ab", "cd", "\u4f60\u597d", 'e\n"', "fgh")]
+    out = relay_all(relay, b"".join(pieces), 9)
+    assert out == b"".join(pieces)  # passed through untouched
+    # quarter tokens: 2 + 2 + 2 CJK x 4 + 3 (escapes decoded) + 3 = 18 -> 5 tokens
+    assert not relay.has_usage and relay.completion_estimate() == 5
+
+
+def test_usage_on_a_content_chunk_is_read_even_after_content() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    usage = {"prompt_tokens": 5, "completion_tokens": 2}
+    relay_all(relay, openai_chunk("a") + openai_chunk("b") + openai_chunk("c", usage), 1000)
+    assert (relay.prompt_tokens, relay.completion_tokens) == (5, 2)
+
+
+def test_a_long_stream_holds_a_bounded_amount_unread() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    chunk = openai_chunk("x" * 100)
+    for _ in range(2000):  # ~400 KB of events
+        relay.feed(chunk)
+    assert relay._unread_bytes <= UNREAD_LIMIT
+    assert relay.completion_estimate() == 2000 * 100 // 4
