@@ -46,6 +46,7 @@ from app.upstream.client import Timeouts, Transport, UpstreamClient, make_transp
 from app.upstream.health import probe
 
 log = logging.getLogger("tokengate.gateway")
+SETTLE_WAIT_SEC = 2.0  # longest /admin/usage waits for settles still running
 TransportFactory = Callable[[DomainSpec], Transport]
 
 
@@ -265,6 +266,13 @@ class Gateway:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._reap)
+
+    async def settled(self) -> None:
+        """Wait, briefly, for the settles already handed over: with Redis they are tasks
+        that may still be running when the client has its answer, and `/admin/usage` must
+        include every answer already sent."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=SETTLE_WAIT_SEC)
 
     def _reap(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -137,3 +138,19 @@ async def test_stream_usage_is_requested_read_and_hidden(
     assert bodies[0]["stream_options"] == {"include_usage": True}
     (row,) = await gw.store.usage()
     assert (row.prompt_tokens, row.completion_tokens) == (3, 1)
+
+
+async def test_usage_readers_wait_for_settles_still_in_flight(
+    make: Callable[[Handler], Gateway],
+) -> None:
+    # With Redis a settle is a task that can outlive the answer; /admin/usage awaits them.
+    gw = make(lambda r: httpx.Response(200, json=CHAT_OK))
+    done: list[bool] = []
+
+    async def slow_settle() -> None:
+        await asyncio.sleep(0.05)
+        done.append(True)
+
+    gw.spawn(slow_settle())
+    await gw.settled()
+    assert done == [True]
