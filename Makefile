@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server prometheus
 
 .DEFAULT_GOAL := help
 .PHONY: help install system-deps bench-deps demo test test-unit test-e2e lint format docs bench clean

@@ -86,45 +86,44 @@ class StreamAnswer:
         response = self._reply.response
         held = b""
         try:
-            out = relay.feed(self._reply.first)
-            if response.complete:
-                held = out
-            elif out:
-                self._ttft()
-                yield out
-            assert self._reply.rest is not None
-            async for chunk in self._reply.rest:
-                out = relay.feed(chunk)
+            try:
+                out = relay.feed(self._reply.first)
                 if response.complete:
-                    held += out
+                    held = out
                 elif out:
                     self._ttft()
                     yield out
-            held += relay.finish()
-            if not relay.done and not relay.has_usage:
-                outcome = "truncated"
+                assert self._reply.rest is not None
+                async for chunk in self._reply.rest:
+                    out = relay.feed(chunk)
+                    if response.complete:
+                        held += out
+                    elif out:
+                        self._ttft()
+                        yield out
+                held += relay.finish()
+                if not relay.done and not relay.has_usage:
+                    outcome = "truncated"
+                    held += error_event(
+                        "the upstream closed the stream early",
+                        "stream_interrupted",
+                        anthropic=self._call.endpoint.anthropic,
+                    )
+            except AttemptFailed as failure:
+                outcome = failure.reason
                 held += error_event(
-                    "the upstream closed the stream early",
+                    f"the upstream stream broke off ({failure.reason})",
                     "stream_interrupted",
                     anthropic=self._call.endpoint.anthropic,
                 )
-        except AttemptFailed as failure:
-            outcome = failure.reason
-            held += error_event(
-                f"the upstream stream broke off ({failure.reason})",
-                "stream_interrupted",
-                anthropic=self._call.endpoint.anthropic,
-            )
+            self._ttft()
+            self.ending = True
+            yield held
         except BaseException:
             status, outcome = 499, "client_closed"
-            await self._close(status, outcome)
             raise
-        self._ttft()
-        self.ending = True
-        try:
-            yield held
         finally:
-            await self._close(status if outcome is None else 502, outcome)
+            await self._close(status if outcome in (None, "client_closed") else 502, outcome)
 
     def _ttft(self) -> None:
         if self.relay.saw_content and not self._ttft_done:

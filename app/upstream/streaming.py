@@ -53,12 +53,7 @@ class SseRelay:
     def _read_unread(self) -> None:
         unread, self._unread, self._unread_bytes = self._unread, [], 0
         for payload in unread:
-            try:
-                obj = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                self._read(obj)
+            self._parse(payload)
 
     @property
     def has_usage(self) -> bool:
@@ -97,13 +92,9 @@ class SseRelay:
     def _inspect(self, event: bytes) -> bool:
         """Read one event; False if it must not be forwarded."""
         self.events += 1
-        if event.startswith(b"data: ") and b"\n" not in event:
-            payload = event[6:]  # the usual one-line event
-        else:
-            found = _data_of(event)
-            if found is None:
-                return True
-            payload = found
+        payload = _data_of(event)
+        if payload is None:
+            return True
         if payload == b"[DONE]":
             self.done = True
             return True
@@ -113,6 +104,10 @@ class SseRelay:
             if self._unread_bytes > UNREAD_LIMIT:
                 self._read_unread()
             return True
+        return self._parse(payload)
+
+    def _parse(self, payload: bytes) -> bool:
+        """Read one event's JSON; False if it must not be forwarded."""
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
@@ -139,7 +134,7 @@ class SseRelay:
                         self.text.add(text)
             self._skim = self.model is not None and self.saw_content
         usage = obj.get("usage")
-        if usage is not None and isinstance(usage, dict):
+        if isinstance(usage, dict):
             self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
             if self.strip and not choices:
                 return False
