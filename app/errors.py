@@ -8,6 +8,7 @@
     │   └── ModelNotFound         404     invalid_request_error / model_not_found
     ├── PayloadTooLarge           413     invalid_request_error / request_too_large
     ├── RateLimited               429     rate_limit_error / rate_limit_exceeded
+    ├── UpstreamQuotaExhausted    429     insufficient_quota (the upstream balance is empty)
     ├── ServiceUnavailable        503     service_unavailable / (queue_full, queue_timeout,
     │                                      no_healthy_domain, draining, redis_unavailable)
     ├── UpstreamFailed            502     upstream_error / upstream_error
@@ -117,6 +118,16 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+
+
+class UpstreamQuotaExhausted(GatewayError):
+    """The upstream account has no balance left (OpenAI's `insufficient_quota` 429): no
+    wait helps, only a top-up, so SDKs are told not to retry."""
+
+    permanent = True
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
 
 
 class ServiceUnavailable(GatewayError):

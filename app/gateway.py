@@ -34,7 +34,7 @@ from app.dispatch.domain import Domain
 from app.limits.admission import Admission
 from app.limits.bucket import Limits
 from app.limits.ledger import LocalLedger
-from app.limits.pacing import Pacer
+from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
@@ -64,8 +64,8 @@ class Gateway:
         s = runtime.settings
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
         self._transport_factory = transport_factory or self._default_transport
-        self.domains = [self._build_domain(spec) for spec in runtime.domains]
         self.store = store or self._build_store()
+        self.domains = [self._build_domain(spec) for spec in runtime.domains]
         shared = isinstance(self.store, RedisStore)
         self.admission = Admission(
             self.store, metrics, divisor=1 if shared else max(1, runtime.workers)
@@ -101,7 +101,7 @@ class Gateway:
             queue_capacity=sched.queue_capacity,
             max_queue_wait_ms=sched.max_queue_wait_ms,
             max_inflight=spec.max_inflight,
-            pacer=Pacer(spec.requests_per_minute, spec.tokens_per_minute, spec.quota_window_sec),
+            pacer=self.store.pacer(spec.name, _pace_state(spec)),
             metrics=self.metrics,
             batch_share=s.batch.share,
         )
@@ -206,13 +206,10 @@ class Gateway:
         domain.spec = spec
         domain.client.rekey(spec)
         domain.dispatcher.max_inflight = spec.max_inflight
-        quota = (spec.requests_per_minute, spec.tokens_per_minute, spec.quota_window_sec)
-        if quota != (
-            domain.dispatcher.pacer.rpm,
-            domain.dispatcher.pacer.tpm,
-            domain.dispatcher.pacer.window,
-        ):
-            domain.dispatcher.pacer = Pacer(*quota)
+        state = domain.dispatcher.pacer.state
+        quota = (spec.requests_per_minute, spec.tokens_per_minute)
+        if (quota, spec.quota_window_sec) != (state.configured, state.window):
+            domain.dispatcher.pacer = self.store.pacer(spec.name, _pace_state(spec))
 
     def request_reload(self) -> None:
         """SIGHUP: re-read the files; an invalid configuration is refused, the old one stays."""
@@ -332,6 +329,8 @@ class Gateway:
     async def _housekeeping(self) -> None:
         while True:
             await asyncio.sleep(1.0)
+            for domain in self.domains:
+                await domain.dispatcher.pacer.sync()  # what other replicas learned
             self._sync_gauges()
             if isinstance(self.store, RedisStore):
                 if not self.store.up:
@@ -354,6 +353,7 @@ class Gateway:
             self.metrics.set_domain_state(d.name, d.healthy is not False, d.breaker.is_open)
             self.metrics.set_queue_depth(d.name, len(d.dispatcher.queue))
             self.metrics.set_inflight(d.name, d.dispatcher.inflight)
+            self.metrics.set_pace(d.name, d.dispatcher.pacer.rate())
 
     # -- views -----------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, dict[str, object]]:
@@ -437,6 +437,10 @@ class Gateway:
             seen |= set(d.models() or ())
         seen |= set(self.runtime.settings.model_aliases)
         return sorted(seen)
+
+
+def _pace_state(spec: DomainSpec) -> PaceState:
+    return PaceState(spec.requests_per_minute, spec.tokens_per_minute, spec.quota_window_sec)
 
 
 def _anonymous(settings: Any) -> KeySpec:

@@ -171,6 +171,27 @@ class Metrics:
             ["model", "fallback"],
             registry=r,
         )
+        self.throttled = Counter(
+            "tokengate_upstream_throttled",
+            "Upstream 429s that were flow control (requeued, not failed), by domain.",
+            ["domain"],
+            registry=r,
+        )
+        self.cooldown = Counter(
+            "tokengate_upstream_cooldown_seconds",
+            "Seconds a domain's dispatch was paused by upstream 429s or exhausted "
+            "x-ratelimit-remaining headers.",
+            ["domain"],
+            registry=r,
+        )
+        self.pace = Gauge(
+            "tokengate_domain_pace_requests_per_second",
+            "Requests/s a domain's pacer allows now: the learned rate after upstream 429s, "
+            "else the quota (configured or advertised); +Inf while unbounded.",
+            ["domain"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.redis_up: Gauge | None = None  # created only when Redis is configured
         self.route_unresolved = Gauge(
             "tokengate_route_unresolved",
@@ -282,6 +303,20 @@ class Metrics:
     def set_domain_state(self, domain: str, up: bool, breaker_open: bool) -> None:
         self._child(self.upstream_up, domain).set(1 if up and not breaker_open else 0)
         self._child(self.breaker_open, domain).set(1 if breaker_open else 0)
+
+    def record_throttled(self, domain: str, cooled_sec: float) -> None:
+        """An upstream 429 (flow control) and the cool-down seconds it added."""
+        self._child(self.throttled, domain).inc()
+        self.record_cooldown(domain, cooled_sec)
+
+    def record_cooldown(self, domain: str, seconds: float) -> None:
+        if seconds > 0:
+            self._child(self.cooldown, domain).inc(seconds)
+
+    def set_pace(self, domain: str, requests_per_sec: float | None) -> None:
+        self._child(self.pace, domain).set(
+            float("inf") if requests_per_sec is None else requests_per_sec
+        )
 
     def set_redis_up(self, up: bool) -> None:
         if self.redis_up is None:

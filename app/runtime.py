@@ -35,7 +35,7 @@ class DomainSpec:
     max_inflight: int
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
-    quota_window_sec: float = 60.0
+    quota_window_sec: float = 1.0
     weight: float = 1.0
     api_style: str = "openai"
 

@@ -128,11 +128,13 @@ class ScaleUpConfig(Section):
         None, description="This domain's upstream key quota in tokens/min, paced like requests."
     )
     quota_window_sec: float = Field(
-        60,
+        1.0,
         gt=0,
         le=60,
-        description="Window over which the domain's quota is paced; a shorter one allows a "
-        "smaller burst (match the upstream's own limiter).",
+        description="Shortest window the upstream may count its quota over: no interval this "
+        "long gets more than its share of the quota (a burst of 5 % of it, the rest spaced). "
+        "Providers quantize per-minute quotas to short windows, hence 1 s; longer allows "
+        "bigger bursts, and is safe only if the upstream really counts that long.",
     )
     weight: float = Field(
         1.0, gt=0, description="Routing weight among domains serving the same model."

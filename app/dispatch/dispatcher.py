@@ -15,6 +15,12 @@ The queue-depth and in-flight gauges are read from here when /metrics is scraped
 every second for other workers' scrapes), not written on every change: that was a
 measurable share of a request's CPU.
 
+An upstream 429 is flow control, never a failure of the queue: the pipeline hands
+the slot back with `requeue`, the request goes to the head of its class (its key
+refunded, see queue.py) and waits out the domain's cool-down like everyone else.
+Only `max_queue_wait_ms`, counted from its first arrival, ends that wait; if the
+cool-down already outlasts it, the answer is 503 at once rather than a useless wait.
+
 A slot is held until the answer ends (a stream holds it to its last byte) and its
 release wakes the loop. The dispatcher never calls the upstream itself: it grants
 slots, and each request makes its own call in its own (ASGI) task, so a client
@@ -36,11 +42,35 @@ from app.metrics import Metrics
 
 
 class Slot:
-    __slots__ = ("_owner", "batch", "released")
+    """A grant to send one upstream request; remembers its request for a requeue."""
 
-    def __init__(self, owner: Dispatcher, batch: bool = False) -> None:
+    __slots__ = (
+        "_owner",
+        "batch",
+        "cost",
+        "key",
+        "priority",
+        "released",
+        "sent_at",
+        "since",
+        "tag",
+    )
+
+    def __init__(
+        self,
+        owner: Dispatcher,
+        key: str,
+        priority: str,
+        cost: int,
+        since: float,
+        tag: float = -1.0,
+    ) -> None:
         self._owner = owner
-        self.batch = batch
+        self.key, self.priority, self.cost = key, priority, cost
+        self.batch = priority == "batch"
+        self.since = since  # first arrival at this domain: the queue deadline counts from it
+        self.tag = tag
+        self.sent_at = owner.clock()
         self.released = False
 
     def release(self) -> None:
@@ -113,22 +143,52 @@ class Dispatcher:
     # -- requests' side -----------------------------------------------------------------
     async def acquire(self, key: str, priority: str, cost: int) -> Slot:
         batch = priority == "batch"
-        if self._free_for(batch) and self.pacer.ready(cost):
+        paced = self.pacer.bounded()
+        if self._free_for(batch) and (not paced or self.pacer.ready(cost)):
             # Nobody is waiting and there is room: go at once. Holding a request for a
             # group while slots stand free would only add latency (at 16 clients the
             # 2 ms window cost a quarter of the throughput); groups form from requests
             # that had to wait anyway.
             self._take(batch)
-            if self.pacer.enabled:
+            slot = Slot(self, key, priority, cost, self.clock())
+            if paced:
                 try:
-                    await self.pacer.acquire(cost)
+                    await self._pace(1, cost)
                 except BaseException:
                     self._release(batch)
                     raise
+                slot.sent_at = self.clock()
             self.metrics.record_batch(self.domain, 1)
             self.metrics.record_queue_wait(self.domain, 0.0)
-            return Slot(self, batch)
+            return slot
         return await self._wait_in_queue(Job(key, priority, cost, self.clock()))
+
+    async def requeue(self, slot: Slot) -> Slot:
+        """The upstream said 429: give the slot back and wait, at the head of the class,
+        for the cool-down to end (or for max_queue_wait_ms since the first arrival)."""
+        slot.release()
+        deadline = slot.since + self.max_wait
+        cooling = self.pacer.cooling()
+        if self.clock() + cooling > deadline:
+            raise ServiceUnavailable(
+                f"domain {self.domain!r}'s upstream is rate limiting; its cool-down "
+                f"({cooling:.1f} s) outlasts max_queue_wait_ms",
+                code="upstream_rate_limited",
+                retry_after=cooling,
+                should_retry=True,
+            )
+        job = Job(slot.key, slot.priority, slot.cost, slot.since)
+        job.tag = slot.tag
+        return await self._wait_in_queue(job, front=True)
+
+    async def _pace(self, requests: int, tokens: int) -> None:
+        """Wait for the pacer's booking, then for any cool-down that began meanwhile."""
+        wait = await self.pacer.reserve(requests, tokens)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        # A clock, not an event: another 429 (or another replica) may extend it meanwhile.
+        while (cooling := self.pacer.cooling()) > 0:  # noqa: ASYNC110
+            await asyncio.sleep(cooling)
 
     def _free_for(self, batch: bool) -> bool:
         """No one queued, a slot free and, for batch work, its share not used up."""
@@ -136,8 +196,10 @@ class Dispatcher:
             return False
         return not batch or self.batch_inflight < self.batch_cap
 
-    async def _wait_in_queue(self, job: Job) -> Slot:
-        if not self.queue.push(job, slack=self.max_inflight - self.inflight):
+    async def _wait_in_queue(self, job: Job, front: bool = False) -> Slot:
+        if front:
+            self.queue.push_front(job)
+        elif not self.queue.push(job, slack=self.max_inflight - self.inflight):
             raise ServiceUnavailable(
                 f"domain {self.domain!r} queue is full ({self.queue.capacity} waiting); "
                 "retry after the advertised delay",
@@ -148,7 +210,8 @@ class Dispatcher:
         self._wake.set()
         # A timer that fails the job's own future, not `asyncio.wait_for` (which wraps the
         # wait in another future per request): a grant and an expiry can not both happen.
-        timer = job.granted.get_loop().call_later(self.max_wait, job.expire)
+        left = job.enqueued_at + self.max_wait - self.clock()
+        timer = job.granted.get_loop().call_later(max(0.0, left), job.expire)
         try:
             await job.granted
         except QueueExpired:
@@ -168,7 +231,7 @@ class Dispatcher:
         finally:
             timer.cancel()
         self.metrics.record_queue_wait(self.domain, self.clock() - job.enqueued_at)
-        return Slot(self, job.priority == "batch")
+        return Slot(self, job.key, job.priority, job.cost, job.enqueued_at, job.tag)
 
     def _forget(self, job: Job) -> None:
         self.queue.cancel(job)
@@ -201,6 +264,9 @@ class Dispatcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if (cooling := self.pacer.cooling()) > 0:
+                await asyncio.sleep(cooling)  # the upstream said 429: nothing goes meanwhile
+                continue
             if self.inflight > 0 and len(self.queue) < self.batch_size and self.window > 0:
                 await asyncio.sleep(self.window)  # the domain is busy: let the group fill
             released = await self._release_group()
@@ -216,13 +282,14 @@ class Dispatcher:
     async def _release_group(self) -> int:
         released = 0
         while released < self.batch_size and self._can_release():
-            if self.pacer.enabled:
+            paced = self.pacer.bounded()
+            if paced:
                 # Wait for the quota *before* choosing: a request picked first could expire
                 # while it waited, and fair queuing would have charged its key for nothing.
-                await self.pacer.acquire_request()
+                await self._pace(1, 0)
             job = self._next_waiting()
-            if job is not None and self.pacer.enabled:
-                await self.pacer.acquire_tokens(job.cost)
+            if job is not None and paced:
+                await self._pace(0, job.cost)
             while job is not None and not job.grant():  # gave up meanwhile: the next goes
                 job = self._next_waiting()
             if job is None:

@@ -3,10 +3,16 @@
 Health has three inputs: the background probe (`healthy`: True/False, None before the
 first answer or with probes disabled), the circuit breaker (opened by live traffic),
 and discovered models. `available()` is what routing and `/health/ready` use.
+
+Two states are shown but leave a domain available: `throttled` (its upstream said
+429 and its pacer is cooling down: requests queue, they are not refused) and
+`quota_exhausted` (the upstream account's balance is empty: each request still makes
+its one attempt, so the first answer after a top-up clears it).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +23,7 @@ from app.upstream.budget import RetryBudget
 from app.upstream.client import UpstreamClient
 
 _EWMA = 0.2
+log = logging.getLogger("tokengate.domain")
 
 
 @dataclass
@@ -39,6 +46,7 @@ class Domain:
     latency: float = 0.05
     last_probe: ProbeResult | None = None
     upstream_models: frozenset[str] = field(default_factory=frozenset)
+    quota_exhausted: bool = False
 
     @property
     def name(self) -> str:
@@ -60,7 +68,22 @@ class Domain:
 
     def expected_wait(self) -> float:
         outstanding = self.dispatcher.inflight + len(self.dispatcher.queue)
-        return (outstanding + 1) * self.latency / self.spec.weight
+        cooling = self.dispatcher.pacer.cooling()
+        return cooling + (outstanding + 1) * self.latency / self.spec.weight
+
+    def note_quota(self, exhausted: bool) -> None:
+        """The upstream's answer about its account balance (logged when it changes)."""
+        if exhausted == self.quota_exhausted:
+            return
+        self.quota_exhausted = exhausted
+        if exhausted:
+            log.error(
+                "domain %s: the upstream answered insufficient_quota (account balance "
+                "exhausted); requests get 429 insufficient_quota until it is topped up",
+                self.name,
+            )
+        else:
+            log.warning("domain %s: the upstream serves again (balance restored)", self.name)
 
     def observe_latency(self, seconds: float) -> None:
         self.latency += _EWMA * (seconds - self.latency)
@@ -70,6 +93,10 @@ class Domain:
             return "circuit_open"
         if self.healthy is False:
             return "unhealthy"
+        if self.quota_exhausted:
+            return "quota_exhausted"
+        if self.dispatcher.pacer.cooling() > 0:
+            return "throttled"
         return "healthy" if self.healthy else "unknown"
 
     def status(self) -> dict[str, object]:
@@ -83,6 +110,7 @@ class Domain:
             "queue_depth": len(self.dispatcher.queue),
             "inflight": self.dispatcher.inflight,
             "max_inflight": self.dispatcher.max_inflight,
+            "pace": self.dispatcher.pacer.snapshot(),
             "last_probe": None
             if probe is None
             else {

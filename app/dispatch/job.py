@@ -11,7 +11,16 @@ class QueueExpired(Exception):
 
 class Job:
     # A plain slotted class: one is built for every queued request.
-    __slots__ = ("cancelled", "cost", "enqueued_at", "granted", "in_queue", "key", "priority")
+    __slots__ = (
+        "cancelled",
+        "cost",
+        "enqueued_at",
+        "granted",
+        "in_queue",
+        "key",
+        "priority",
+        "tag",
+    )
 
     def __init__(
         self,
@@ -28,6 +37,7 @@ class Job:
         self.granted = asyncio.get_running_loop().create_future() if granted is None else granted
         self.cancelled = False
         self.in_queue = False
+        self.tag = -1.0  # fair-queuing start tag it was served at; -1: never served
 
     def grant(self) -> bool:
         """Wake the waiting request; False if it already gave up (timeout, disconnect)."""

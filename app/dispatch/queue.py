@@ -12,6 +12,10 @@
          deficit round robin is, at request granularity), and a key flooding the
          queue only lengthens its own lane.
 
+A request the upstream refused with 429 comes back with `push_front`: to the head of
+its key's lane, tagged at the virtual time (so it goes next within its class), and
+its key is refunded the cost it was charged, so flow control costs it no fair share.
+
 Removal is lazy: a job that gave up is flagged `cancelled`, leaves the count at once
 and is skipped when reached. Pure and synchronous; the dispatcher owns concurrency.
 """
@@ -35,8 +39,10 @@ class _ClassLanes:
         self.lanes: dict[str, deque[Job]] = {}
         self.finish: dict[str, float] = {}  # last finish tag per key
         self.heads: list[tuple[float, int, str]] = []  # (start tag, arrival, key)
+        self.tagged: dict[str, int] = {}  # key -> arrival of its one valid entry in heads
         self.vtime = 0.0
         self._seq = count()
+        self._front = count(-1, -1)  # requeued heads win ties
 
     def push(self, job: Job) -> None:
         lane = self.lanes.get(job.key)
@@ -46,20 +52,36 @@ class _ClassLanes:
         if len(lane) == 1:
             self._tag_head(job.key)
 
+    def push_front(self, job: Job) -> None:
+        key = job.key
+        start = self.vtime
+        if job.tag >= 0:  # it was served from this queue: refund what that charged
+            self.finish[key] = max(0.0, self.finish.get(key, 0.0) - _charge(job))
+            start = min(start, job.tag)
+        lane = self.lanes.setdefault(key, deque())
+        lane.appendleft(job)
+        self._tag(key, start, next(self._front))
+
     def _tag_head(self, key: str) -> None:
-        start = max(self.vtime, self.finish.get(key, 0.0))
-        heapq.heappush(self.heads, (start, next(self._seq), key))
+        self._tag(key, max(self.vtime, self.finish.get(key, 0.0)), next(self._seq))
+
+    def _tag(self, key: str, start: float, seq: int) -> None:
+        self.tagged[key] = seq  # an older entry of this key is stale from now on
+        heapq.heappush(self.heads, (start, seq, key))
 
     def pop(self) -> Job | None:
         while self.heads:
-            start, _, key = heapq.heappop(self.heads)
+            start, seq, key = heapq.heappop(self.heads)
+            if self.tagged.get(key) != seq:
+                continue  # replaced by a requeued head
             lane = self.lanes[key]
             head = lane.popleft()
             if head.cancelled:
                 self._after(key, lane)  # skipped: nothing charged
                 continue
             self.vtime = start
-            self.finish[key] = start + min(max(head.cost, 1), MAX_COST)
+            head.tag = start
+            self.finish[key] = start + _charge(head)
             self._after(key, lane)
             return head
         return None
@@ -69,9 +91,14 @@ class _ClassLanes:
             self._tag_head(key)
         else:
             del self.lanes[key]
+            del self.tagged[key]
             if not self.heads:
                 self.finish.clear()  # idle class: history no longer matters
                 self.vtime = 0.0
+
+
+def _charge(job: Job) -> float:
+    return float(min(max(job.cost, 1), MAX_COST))
 
 
 class DomainQueue:
@@ -95,6 +122,14 @@ class DomainQueue:
         self._size += 1
         self._batch += job.priority == "batch"
         return True
+
+    def push_front(self, job: Job) -> None:
+        """Put back a job the upstream refused with 429: next in its class, its key
+        refunded, past the capacity (it was admitted already)."""
+        self._classes[job.priority].push_front(job)
+        job.in_queue = True
+        self._size += 1
+        self._batch += job.priority == "batch"
 
     def pop(self, *, allow_batch: bool = True) -> Job | None:
         for priority in CLASSES if allow_batch else PRIORITIES:

@@ -1,59 +1,400 @@
-"""Pacing to a domain's upstream quota, so the upstream never has to answer 429.
+"""Pacing to a domain's upstream quota: learned, cooled down on 429, shared by replicas.
 
-A domain's `requests_per_minute` / `tokens_per_minute` describe its upstream key's
-quota. Requests over it wait in the gateway (they are queued, never refused): the
-dispatcher acquires capacity here before releasing a request. aiolimiter's leaky
-bucket raises on amounts above its rate, so a request bigger than the whole token
-rate is clamped to it (it waits for an empty bucket and then goes alone).
-`quota_window_sec` sets the bucket's burst: the quota is spread over that window.
+An upstream 429 is flow control, not a fault. The pace of a domain has three parts,
+all in `PaceState` (pure, clock passed in, so `pace.lua` can do the same arithmetic
+in Redis for every replica at once):
+
+- **Rate** (requests/s). The ceiling is the lower of the configured quota
+  (`requests_per_minute`) and the upstream's `x-ratelimit-limit-requests`, or none.
+  A 429 starts an *episode*: the rate drops to `BETA` x the current rate (or, from
+  unbounded, x the rate the upstream was seen accepting) and then grows again
+  linearly (`GROWTH` of itself per second) back to the ceiling: AIMD. A 429 for a
+  request sent before the episode's cool-down ended belongs to the same episode
+  and changes nothing but the cool-down, so a burst of in-flight 429s is one step.
+- **Cool-down**. Nothing is sent until it ends: the upstream's `retry-after-ms` /
+  `retry-after` / `x-ratelimit-reset-*`, else 1 s doubling per back-to-back episode.
+  `x-ratelimit-remaining-requests: 0` on a success pauses the same way, before any 429.
+- **Spacing** (GCRA, the virtual-scheduling form of a leaky bucket). Any interval of
+  `window` seconds holds at most rate x window grants: a burst of `B` (5 % of a
+  window's quota, at least 1), the rest spaced at `rate - B / window`. That is safe
+  against an upstream that counts per fixed window of that length as well as one with
+  a token bucket; `quota_window_sec` defaults to 1 s, as providers quantize per-minute
+  quotas to short windows. A reservation returns the wait and books the slot at once,
+  so one Redis round trip serves a shared pacer.
+
+Tokens (`tokens_per_minute`, `x-ratelimit-limit-tokens`) are spaced the same way at
+their ceiling; the learned factor is applied to them too.
 """
 
 from __future__ import annotations
 
-from aiolimiter import AsyncLimiter
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
-# Pace a little under the declared quota: arrival jitter between the gateway and the
-# upstream can otherwise compress two paced requests into the upstream's same instant.
-HEADROOM = 0.98
+HEADROOM = 0.98  # pace a little under a quota: gateway-to-upstream jitter shifts arrivals
+BETA = 0.7  # multiplicative decrease on a new throttle episode
+GROWTH = 0.05  # additive increase: this share of the decreased rate, per second
+MIN_STEP = 0.2  # ... and at least this many requests/s per second
+MIN_RATE = 0.2  # requests/s: the learned rate never drops below
+BURST_SHARE = 0.05  # of a window's quota that may go at once
+FIRST_BACKOFF = 1.0  # seconds: a header-less 429's first cool-down
+MAX_BACKOFF = 16.0
 
 
-class Pacer:
-    def __init__(
-        self, requests_per_minute: int | None, tokens_per_minute: int | None, window_sec: float
-    ) -> None:
-        self.window = window_sec
-        self.rpm, self.tpm = requests_per_minute, tokens_per_minute
-        self._requests = self._limiter(requests_per_minute)
-        self._tokens = self._limiter(tokens_per_minute)
+@dataclass(frozen=True)
+class Throttle:
+    """What an upstream 429 said about when to send again."""
 
-    def _limiter(self, per_minute: int | None) -> AsyncLimiter | None:
-        if per_minute is None:
-            return None
-        return AsyncLimiter(max(1.0, per_minute * HEADROOM * self.window / 60), self.window)
+    wait: float | None  # seconds, from retry-after(-ms) or x-ratelimit-reset-*; None: none
+    sent_at: float  # when the refused request was sent (pacer clock)
+
+
+@dataclass(frozen=True)
+class RateHeaders:
+    """OpenAI-style `x-ratelimit-*` of one upstream answer (None: not sent)."""
+
+    limit_requests: float | None = None  # per minute
+    limit_tokens: float | None = None
+    remaining_requests: float | None = None
+    remaining_tokens: float | None = None
+    reset_requests: float | None = None  # seconds
+    reset_tokens: float | None = None
 
     @property
-    def enabled(self) -> bool:
-        return self._requests is not None or self._tokens is not None
+    def exhausted_for(self) -> float | None:
+        """Seconds until a dimension that has nothing left resets, if one has."""
+        waits = [
+            reset
+            for remaining, reset in (
+                (self.remaining_requests, self.reset_requests),
+                (self.remaining_tokens, self.reset_tokens),
+            )
+            if remaining is not None and remaining <= 0 and reset is not None
+        ]
+        return max(waits) if waits else None
+
+
+class PaceState:
+    def __init__(
+        self,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        window: float,
+    ) -> None:
+        self.window = window
+        self.configured = (requests_per_minute, tokens_per_minute)
+        self.ceiling_r = _per_sec(requests_per_minute)
+        self.ceiling_t = _per_sec(tokens_per_minute)
+        self.header_r: float | None = None
+        self.header_t: float | None = None
+        self.learned: float | None = None  # rate right after the last decrease
+        self.learned_at = 0.0  # growth counts from here (the end of that cool-down)
+        self.cool_until = 0.0
+        self.backoff = 0.0
+        self.episode_at = -math.inf
+        self.tat_r = self.tat_t = 0.0
+
+    # -- what the pace is now -------------------------------------------------------
+    def ceiling(self) -> float | None:
+        return _lowest(self.ceiling_r, self.header_r)
+
+    def rate(self, now: float) -> float | None:
+        """Requests/s allowed now (None: unbounded)."""
+        ceiling = self.ceiling()
+        if self.learned is None:
+            return ceiling
+        step = max(GROWTH * self.learned, MIN_STEP)
+        grown = self.learned + step * max(0.0, now - self.learned_at)
+        if ceiling is not None and grown >= ceiling:
+            self.learned = None  # back at the ceiling: nothing learned any more
+            return ceiling
+        return grown
+
+    def token_rate(self, now: float) -> float | None:
+        ceiling = _lowest(self.ceiling_t, self.header_t)
+        if ceiling is None or self.learned is None:
+            return ceiling
+        rate, top = self.rate(now), self.ceiling()
+        return ceiling * rate / top if rate is not None and top else ceiling
+
+    def bounded(self, now: float) -> bool:
+        """Is anything paced now? False means a reservation can be skipped."""
+        return (
+            self.cool_until > now or self.rate(now) is not None or self.token_rate(now) is not None
+        )
+
+    def ready(self, now: float, tokens: int) -> bool:
+        """Could one request go now without waiting (nothing is booked)?"""
+        if self.cool_until > now:
+            return False
+        r, t = self.rate(now), self.token_rate(now)
+        if r is not None and _gcra(self.tat_r, now, 1.0, r, self.window)[0] > now:
+            return False
+        return t is None or _gcra(self.tat_t, now, float(tokens), t, self.window)[0] <= now
+
+    # -- reservations -----------------------------------------------------------------
+    def reserve(self, now: float, requests: int, tokens: int) -> float:
+        """Book `requests` (0 or 1) and `tokens`; the seconds to wait before sending."""
+        start = max(now, self.cool_until)
+        go = start
+        r, t = self.rate(now), self.token_rate(now)
+        if requests and r is not None:
+            at, self.tat_r = _gcra(self.tat_r, start, float(requests), r, self.window)
+            go = max(go, at)
+        if tokens and t is not None:
+            at, self.tat_t = _gcra(self.tat_t, start, float(tokens), t, self.window)
+            go = max(go, at)
+        return go - now
+
+    # -- what the upstream said ---------------------------------------------------------
+    def throttled(self, now: float, throttle: Throttle, accepted: float) -> bool:
+        """A 429. True if it began a new episode (the rate was lowered).
+
+        `accepted`: requests/s the upstream answered lately, the base of the first
+        decrease from an unbounded rate."""
+        if throttle.sent_at < self.cool_until:
+            # Sent before this episode's cool-down ended: the same overload, seen again.
+            if throttle.wait is not None:
+                self._cool(now + throttle.wait)
+            return False
+        if throttle.wait is not None:
+            wait = throttle.wait
+        else:
+            # Back-to-back episodes double the wait; a quiet spell starts again from 1 s.
+            close = now - self.episode_at < 2 * self.backoff + FIRST_BACKOFF
+            self.backoff = (
+                min(MAX_BACKOFF, 2 * self.backoff) if close and self.backoff else FIRST_BACKOFF
+            )
+            wait = self.backoff
+        self.episode_at = now
+        base = self.rate(now)
+        if base is None:
+            base = accepted if accepted > 0 else MIN_RATE * 5
+        self._cool(now + max(wait, 0.05))
+        self.learned = max(MIN_RATE, BETA * base)
+        self.learned_at = self.cool_until
+        return True
+
+    def observe(self, now: float, headers: RateHeaders) -> None:
+        """Limits and remaining counts the upstream advertises on any answer."""
+        if headers.limit_requests:
+            self.header_r = headers.limit_requests / 60 * HEADROOM
+        if headers.limit_tokens:
+            self.header_t = headers.limit_tokens / 60 * HEADROOM
+        exhausted = headers.exhausted_for
+        if exhausted is not None:
+            # A per-minute bucket's reset is its *full* refill; one window is enough.
+            self._cool(now + min(exhausted, self.window))
+
+    def _cool(self, until: float) -> None:
+        if until > self.cool_until:
+            self.cool_until = until
+            # Nothing goes before the cool-down ends; after it, at most the burst.
+            self.tat_r = max(self.tat_r, until)
+            self.tat_t = max(self.tat_t, until)
+
+
+def _per_sec(per_minute: float | None) -> float | None:
+    return None if per_minute is None else per_minute / 60 * HEADROOM
+
+
+def _lowest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _gcra(tat: float, now: float, amount: float, rate: float, window: float) -> tuple[float, float]:
+    """(when `amount` may go, the new theoretical arrival time) at `rate` units/s.
+
+    The burst is `BURST_SHARE` of a window's quota (at least one unit), and the spacing
+    `rate - burst / window`, so no `window`-long interval holds more than rate x window."""
+    quota = rate * window
+    burst = max(1.0, BURST_SHARE * quota)
+    spacing = max(rate - burst / window, rate / 2)
+    amount = min(amount, max(burst, 1.0))  # a request larger than the burst goes alone
+    tat = max(tat, now)
+    tolerance = (burst - amount) / spacing
+    at = max(now, tat - tolerance)
+    return at, tat + amount / spacing
+
+
+# -- the pacer a dispatcher uses ------------------------------------------------------------
+class Pacer(Protocol):
+    """One domain's pace; the dispatcher asks it before granting a slot.
+
+    `LocalPacer` keeps it in this process; the Redis store's pacer keeps it in Redis,
+    shared by every replica on the same upstream key."""
+
+    shared: bool
+    state: PaceState
+
+    def bounded(self) -> bool: ...
+
+    def ready(self, tokens: int) -> bool: ...
+
+    def cooling(self) -> float:
+        """Seconds left in a cool-down (0: none)."""
+        ...
+
+    def now(self) -> float: ...
+
+    async def reserve(self, requests: int, tokens: int) -> float: ...
+
+    async def throttled(self, throttle: Throttle) -> float:
+        """Record a 429; the seconds of cool-down it added (for the metric)."""
+        ...
+
+    async def observe(self, headers: RateHeaders) -> float:
+        """Record advertised limits; the seconds of cool-down they added."""
+        ...
+
+    def answered(self) -> None:
+        """One upstream answer that was not a 429 (the accepted-rate measure)."""
+        ...
+
+    async def sync(self) -> None:
+        """Refresh what other replicas learned (housekeeping, every second)."""
+        ...
+
+    def rate(self) -> float | None: ...
+
+    def snapshot(self) -> dict[str, object]: ...
+
+
+class AcceptedRate:
+    """Answers per second over the last two seconds (one-second buckets)."""
+
+    __slots__ = ("_counts", "_second")
+
+    def __init__(self) -> None:
+        self._second = 0
+        self._counts = [0, 0]  # [previous second, this second]
+
+    def tick(self, now: float) -> None:
+        self._roll(int(now))
+        self._counts[1] += 1
+
+    def rate(self, now: float) -> float:
+        self._roll(int(now))
+        return (self._counts[0] + self._counts[1]) / 2
+
+    def _roll(self, second: int) -> None:
+        if second != self._second:
+            self._counts = [self._counts[1] if second == self._second + 1 else 0, 0]
+            self._second = second
+
+
+class LocalPacer:
+    """The in-process pacer: `PaceState` on this process's monotonic clock."""
+
+    shared = False
+
+    def __init__(self, state: PaceState, clock: Callable[[], float] = time.monotonic) -> None:
+        self.state = state
+        self.now = clock
+        self.accepted = AcceptedRate()
+
+    def bounded(self) -> bool:
+        return self.state.bounded(self.now())
 
     def ready(self, tokens: int) -> bool:
-        """True if a request could go now without waiting."""
-        if self._requests is not None and not self._requests.has_capacity(1):
-            return False
-        return self._tokens is None or self._tokens.has_capacity(self._clamp(tokens))
+        return self.state.ready(self.now(), tokens)
 
-    def _clamp(self, tokens: int) -> float:
-        assert self._tokens is not None
-        return float(min(max(1, tokens), self._tokens.max_rate))
+    def cooling(self) -> float:
+        return max(0.0, self.state.cool_until - self.now())
 
-    async def acquire(self, tokens: int) -> None:
-        await self.acquire_request()
-        await self.acquire_tokens(tokens)
+    async def reserve(self, requests: int, tokens: int) -> float:
+        return self.state.reserve(self.now(), requests, tokens)
 
-    async def acquire_request(self) -> None:
-        """Wait for room for one more request (before choosing which one goes)."""
-        if self._requests is not None:
-            await self._requests.acquire(1)
+    async def throttled(self, throttle: Throttle) -> float:
+        now = self.now()
+        before = max(now, self.state.cool_until)
+        self.state.throttled(now, throttle, self.accepted.rate(now))
+        return max(0.0, self.state.cool_until - before)
 
-    async def acquire_tokens(self, tokens: int) -> None:
-        if self._tokens is not None:
-            await self._tokens.acquire(self._clamp(tokens))
+    async def observe(self, headers: RateHeaders) -> float:
+        now = self.now()
+        before = max(now, self.state.cool_until)
+        self.state.observe(now, headers)
+        return max(0.0, self.state.cool_until - before)
+
+    def answered(self) -> None:
+        self.accepted.tick(self.now())
+
+    async def sync(self) -> None:
+        return None
+
+    def rate(self) -> float | None:
+        return self.state.rate(self.now())
+
+    def snapshot(self) -> dict[str, object]:
+        return snapshot(self.state, self.now(), shared=False)
+
+
+def snapshot(state: PaceState, now: float, *, shared: bool) -> dict[str, object]:
+    rate = state.rate(now)
+    return {
+        "shared": shared,
+        "requests_per_sec": None if rate is None else round(rate, 3),
+        "learned": state.learned is not None,
+        "cooldown_sec": round(max(0.0, state.cool_until - now), 3),
+    }
+
+
+def rate_headers(headers: Mapping[str, str]) -> RateHeaders | None:
+    """Parse `x-ratelimit-*` (None when the answer has none: the usual, cheap case)."""
+    if "x-ratelimit-limit-requests" not in headers and "x-ratelimit-limit-tokens" not in headers:
+        if "x-ratelimit-remaining-requests" not in headers:
+            return None
+    return RateHeaders(
+        limit_requests=_number(headers.get("x-ratelimit-limit-requests")),
+        limit_tokens=_number(headers.get("x-ratelimit-limit-tokens")),
+        remaining_requests=_number(headers.get("x-ratelimit-remaining-requests")),
+        remaining_tokens=_number(headers.get("x-ratelimit-remaining-tokens")),
+        reset_requests=parse_duration(headers.get("x-ratelimit-reset-requests")),
+        reset_tokens=parse_duration(headers.get("x-ratelimit-reset-tokens")),
+    )
+
+
+def _number(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(raw: str | None) -> float | None:
+    """OpenAI's reset durations: `1s`, `6m0s`, `20ms`, `1h2m3.5s`; a bare number is seconds."""
+    if not raw:
+        return None
+    plain = _number(raw)
+    if plain is not None:
+        return plain
+    total, number = 0.0, ""
+    i, text = 0, raw.strip()
+    while i < len(text):
+        ch = text[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else ch
+        if unit not in _UNITS or not number:
+            return None
+        try:
+            total += float(number) * _UNITS[unit]
+        except ValueError:
+            return None
+        number = ""
+        i += len(unit)
+    return None if number else total

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from app.limits.bucket import Bucket, Decision, Limits, decide
 from app.limits.ledger import LedgerRow, LocalLedger, UsageEntry
+from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
 
@@ -42,6 +43,10 @@ class LimitStore(Protocol):
     async def close(self) -> None: ...
 
     def describe(self) -> dict[str, object]: ...
+
+    def pacer(self, domain: str, state: PaceState) -> Pacer:
+        """The pacer of a domain's upstream quota, kept where this store keeps limits."""
+        ...
 
 
 @dataclass
@@ -116,3 +121,6 @@ class MemoryStore:
 
     def describe(self) -> dict[str, object]:
         return {"kind": "memory", "ledger": self.ledger.describe()}
+
+    def pacer(self, domain: str, state: PaceState) -> Pacer:
+        return LocalPacer(state)

@@ -6,6 +6,9 @@
               └► for each model, for each available domain (best first):
                     dispatcher slot (queue, batch, pace)        503 queue_full/timeout
                     └► attempts with retries (retry.py)         backoff, Retry-After, budget
+                       upstream 429 (throttled): pacer cools down, request back to the
+                       head of the queue, slot again, attempts again (no retry spent)
+                       upstream 429 insufficient_quota           429 at once
               └► answer: JSON (slot freed now) or stream (slot freed at its end)
           └► finish: settle the reservation with real usage, metrics, one log line
 
@@ -32,11 +35,13 @@ from app.errors import (
     PermissionDenied,
     ServiceUnavailable,
     UpstreamFailed,
+    UpstreamQuotaExhausted,
     UpstreamRejected,
     UpstreamTimeout,
 )
 from app.limits.admission import Admission, Spawn, Ticket
 from app.limits.ledger import UsageEntry
+from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.metrics import Metrics
 from app.proxy.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.proxy.call import ProxyCall
@@ -46,6 +51,8 @@ from app.upstream.attempt import AttemptFailed
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.usage import parse_usage
 
+# Attempt outcomes that feed neither the breaker nor a verdict on the upstream's health.
+_NOT_A_VERDICT = frozenset({"throttled", "insufficient_quota"})
 access_log = logging.getLogger("tokengate.access")
 log = logging.getLogger("tokengate.proxy")
 MAX_DOMAINS_PER_MODEL = 2
@@ -193,17 +200,38 @@ class Proxy:
         trace.queue_ms += (self.clock() - queued) * 1000
         body = call.body_for(model)
         domain.budget.record_request()
+        while True:
+            try:
+                reply = await call_with_retries(
+                    lambda n: self._attempt(call, model, domain, body, n, trace),
+                    self.retry,
+                    domain.budget,
+                    lambda f: self.metrics.record_retry(domain.name, f.reason),
+                )
+            except AttemptFailed as failure:
+                if failure.reason != "throttled":
+                    slot.release()
+                    raise
+                slot = await self._throttled(domain, slot, failure, trace)
+                continue
+            except BaseException:
+                slot.release()
+                raise
+            return reply, slot
+
+    async def _throttled(
+        self, domain: Domain, slot: Slot, failure: AttemptFailed, trace: Trace
+    ) -> Slot:
+        """An upstream 429 is flow control: cool the domain down and queue again, at the
+        head, until the cool-down ends or max_queue_wait_ms runs out (503 then)."""
+        pacer = domain.dispatcher.pacer
+        cooled = await pacer.throttled(Throttle(failure.retry_after, slot.sent_at))
+        self.metrics.record_throttled(domain.name, cooled)
+        queued = self.clock()
         try:
-            reply = await call_with_retries(
-                lambda n: self._attempt(call, model, domain, body, n, trace),
-                self.retry,
-                domain.budget,
-                lambda f: self.metrics.record_retry(domain.name, f.reason),
-            )
-        except BaseException:
-            slot.release()
-            raise
-        return reply, slot
+            return await domain.dispatcher.requeue(slot)
+        finally:
+            trace.queue_ms += (self.clock() - queued) * 1000
 
     async def _attempt(
         self, call: ProxyCall, model: str, domain: Domain, body: bytes, n: int, trace: Trace
@@ -215,7 +243,12 @@ class Proxy:
             reply = await self._send(call, domain, body)
         except AttemptFailed as failure:
             self._record_attempt(domain, trace, n, model, failure.reason, t0)
-            domain.breaker.record(not failure.upstream_fault)
+            if failure.reason in _NOT_A_VERDICT:
+                domain.breaker.release_probe()  # says nothing of the upstream's health
+                if failure.reason == "insufficient_quota":
+                    domain.note_quota(True)
+            else:
+                domain.breaker.record(not failure.upstream_fault)
             raise
         except BaseException:
             self._record_attempt(domain, trace, n, model, "cancelled", t0)
@@ -223,6 +256,8 @@ class Proxy:
             raise
         self._record_attempt(domain, trace, n, model, "ok", t0)
         domain.breaker.record(True)
+        if domain.quota_exhausted:
+            domain.note_quota(False)
         domain.observe_latency(self.clock() - t0)
         return reply
 
@@ -234,6 +269,14 @@ class Proxy:
             request_id=call.request_id,
             client_headers=call.client_headers,
         )
+        advertised = rate_headers(resp.headers)
+        if resp.status != 429:
+            domain.dispatcher.pacer.answered()
+            if advertised is not None:
+                await self._advertised(domain, advertised)
+        elif advertised is not None:  # the wait is the throttle's; keep only the limits
+            limits = RateHeaders(advertised.limit_requests, advertised.limit_tokens)
+            await self._advertised(domain, limits)
         if resp.status >= 300:
             data = await resp.read()
             raise _status_failure(resp.status, data, resp.headers)
@@ -247,6 +290,10 @@ class Proxy:
             return Reply(resp, first, chunks, None)
         data = await resp.read()
         return Reply(resp, data, None, parse_usage(data, anthropic=call.endpoint.anthropic))
+
+    async def _advertised(self, domain: Domain, advertised: RateHeaders) -> None:
+        cooled = await domain.dispatcher.pacer.observe(advertised)
+        self.metrics.record_cooldown(domain.name, cooled)
 
     def _record_attempt(
         self, domain: Domain, trace: Trace, n: int, model: str, outcome: str, t0: float
@@ -285,12 +332,10 @@ class Proxy:
             return UpstreamTimeout(
                 f"upstream did not answer in time ({tries} attempt(s))", should_retry=spent
             )
-        if last.reason == "status_429":
-            return ServiceUnavailable(
-                f"upstream quota exhausted after {tries} attempt(s)",
-                code="upstream_rate_limited",
-                retry_after=last.retry_after if last.retry_after is not None else 1.0,
-                should_retry=spent,
+        if last.reason == "insufficient_quota":
+            return UpstreamQuotaExhausted(
+                "the upstream account's balance is exhausted (insufficient_quota); retrying "
+                "will not help until operators top it up"
             )
         if last.reason == "upstream_auth":
             log.error("upstream refused the gateway's credentials (status %s)", last.status)

@@ -4,11 +4,20 @@ Transport failures (from `client.py`, translated from the HTTP library) and fail
 statuses (from the proxy) both become an `AttemptFailed` carrying a short `reason`
 (the label of `tokengate_upstream_retries_total`), whether a retry may help, and any
 `Retry-After` the upstream sent.
+
+A 429 is one of two things. `throttled`: flow control (the pipeline requeues the
+request and the domain's pacer cools down; never retried here, never a fault).
+`insufficient_quota`: the account's balance is empty (OpenAI's code): no wait helps,
+so it is answered at once after this one attempt.
 """
 
 from __future__ import annotations
 
-RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+import orjson
+
+from app.limits.pacing import rate_headers
+
+RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})
 # Failures after which another domain or the fallback model may still succeed.
 MOVES_ON = frozenset(
     {
@@ -19,7 +28,6 @@ MOVES_ON = frozenset(
         "upstream_auth",
         "model_not_found",
         "circuit_open",
-        "status_429",
         "status_500",
         "status_502",
         "status_503",
@@ -63,6 +71,8 @@ class AttemptFailed(Exception):
 def status_failure(
     status: int, body: bytes, content_type: str, headers: dict[str, str]
 ) -> AttemptFailed:
+    if status == 429:
+        return _too_many(body, content_type, headers)
     if status in RETRYABLE_STATUSES:
         reason = f"status_{status}"
     elif status in (401, 403):
@@ -81,6 +91,36 @@ def status_failure(
         content_type=content_type,
         retry_after=parse_retry_after(headers),
     )
+
+
+def _too_many(body: bytes, content_type: str, headers: dict[str, str]) -> AttemptFailed:
+    if _insufficient_quota(body):
+        return AttemptFailed(
+            "insufficient_quota", retryable=False, status=429, body=body, content_type=content_type
+        )
+    wait = parse_retry_after(headers)
+    if wait is None and (advertised := rate_headers(headers)) is not None:
+        wait = advertised.exhausted_for
+    return AttemptFailed(
+        "throttled",
+        retryable=False,
+        status=429,
+        body=body,
+        content_type=content_type,
+        retry_after=wait,
+    )
+
+
+def _insufficient_quota(body: bytes) -> bool:
+    if b"insufficient_quota" not in body:
+        return False
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    if not isinstance(error, dict):
+        return False
+    return "insufficient_quota" in (error.get("code"), error.get("type"))
 
 
 def parse_retry_after(headers: dict[str, str]) -> float | None:

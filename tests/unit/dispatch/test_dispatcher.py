@@ -8,7 +8,7 @@ import pytest
 
 from app.dispatch.dispatcher import Dispatcher
 from app.errors import ServiceUnavailable
-from app.limits.pacing import Pacer
+from app.limits.pacing import LocalPacer, PaceState
 from app.metrics import Metrics, new_registry
 
 
@@ -20,7 +20,7 @@ def make(**kw: object) -> tuple[Dispatcher, Metrics]:
         queue_capacity=100,
         max_queue_wait_ms=5000,
         max_inflight=100,
-        pacer=Pacer(None, None, 60),
+        pacer=LocalPacer(PaceState(None, None, 1.0)),
         metrics=metrics,
     )
     opts.update(kw)
@@ -146,7 +146,7 @@ async def test_cancelled_waiter_leaves_the_queue_and_is_never_granted() -> None:
 
 async def test_pacing_holds_requests_over_the_quota() -> None:
     # 60/min over a 1 s window: one request per second with a burst of ~1.
-    d, _ = make(pacer=Pacer(60, None, 1.0), max_inflight=10)
+    d, _ = make(pacer=LocalPacer(PaceState(60, None, 1.0)), max_inflight=10)
     loop = asyncio.get_running_loop()
     start = loop.time()
     a = await d.acquire("k", "normal", 1)

@@ -12,6 +12,7 @@ from app.errors import (
     RateLimited,
     ServiceUnavailable,
     UpstreamFailed,
+    UpstreamQuotaExhausted,
     UpstreamRejected,
     UpstreamTimeout,
 )
@@ -53,7 +54,6 @@ def test_retry_after_never_exceeds_what_the_sdk_honours() -> None:
         (AttemptFailed("status_500", retryable=True), UpstreamFailed, 502),
         (AttemptFailed("connect", retryable=True), UpstreamFailed, 502),
         (AttemptFailed("timeout", retryable=True), UpstreamTimeout, 504),
-        (AttemptFailed("status_429", retryable=True, retry_after=2), ServiceUnavailable, 503),
         (AttemptFailed("circuit_open", retryable=False), ServiceUnavailable, 503),
     ],
 )
@@ -67,11 +67,16 @@ def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
     assert "x-should-retry" not in relaxed.response_headers()
 
 
-def test_upstream_quota_exhaustion_carries_its_retry_after() -> None:
-    err = proxy().proxy._final_error(
-        AttemptFailed("status_429", retryable=True, retry_after=2.5), trace()
+@pytest.mark.parametrize("mode", ["cooperate", "client"])
+def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(mode: str) -> None:
+    err = proxy(mode).proxy._final_error(
+        AttemptFailed("insufficient_quota", retryable=False, status=429), trace()
     )
-    assert err.response_headers()["retry-after-ms"] == "2500"
+    assert isinstance(err, UpstreamQuotaExhausted) and err.status == 429
+    assert err.body()["error"]["code"] == "insufficient_quota"  # type: ignore[index]
+    assert "balance is exhausted" in err.message
+    headers = err.response_headers()
+    assert headers["x-should-retry"] == "false" and "retry-after" not in headers
 
 
 def test_relayed_client_errors_are_permanent() -> None:

@@ -39,9 +39,48 @@ async def run(
         return exc, calls
 
 
-@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
 def test_retryable_statuses(status: int) -> None:
     assert status_failure(status, b"", "application/json", {}).retryable
+
+
+@pytest.mark.parametrize(
+    ("headers", "wait"),
+    [
+        ({"retry-after-ms": "250", "retry-after": "1"}, 0.25),
+        ({"retry-after": "2"}, 2.0),
+        ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1.5s"}, 1.5),
+        ({"x-ratelimit-remaining-requests": "3", "x-ratelimit-reset-requests": "1.5s"}, None),
+        ({}, None),
+    ],
+)
+def test_a_429_is_flow_control_with_the_upstreams_wait(
+    headers: dict[str, str], wait: float | None
+) -> None:
+    # Never retried in place (the pipeline requeues it) and never an upstream fault.
+    failure = status_failure(429, b'{"error":{"code":"rate_limit_exceeded"}}', "x", headers)
+    assert failure.reason == "throttled" and not failure.retryable
+    assert not failure.upstream_fault
+    assert failure.retry_after == wait
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"error":{"message":"You exceeded your current quota","type":"insufficient_quota",'
+        b'"param":null,"code":"insufficient_quota"}}',
+        b'{"error":{"type":"billing","code":"insufficient_quota"}}',
+    ],
+)
+def test_an_empty_balance_is_told_apart_from_a_rate_limit(body: bytes) -> None:
+    failure = status_failure(429, body, "application/json", {"retry-after": "1"})
+    assert failure.reason == "insufficient_quota"
+    assert not failure.retryable and not failure.moves_on and not failure.upstream_fault
+
+
+@pytest.mark.parametrize("body", [b"insufficient_quota", b'["insufficient_quota"]', b"{}"])
+def test_a_mention_of_insufficient_quota_outside_the_error_is_a_rate_limit(body: bytes) -> None:
+    assert status_failure(429, body, "text/plain", {}).reason == "throttled"
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422])
@@ -67,7 +106,7 @@ async def test_non_retryable_is_raised_at_once() -> None:
 
 
 async def test_a_retry_after_beyond_the_cap_stops_retrying() -> None:
-    long_wait = AttemptFailed("status_429", retryable=True, retry_after=5.0)
+    long_wait = AttemptFailed("status_503", retryable=True, retry_after=5.0)
     result, calls = await run([long_wait])
     assert isinstance(result, AttemptFailed) and calls == [1]
 
