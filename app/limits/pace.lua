@@ -13,7 +13,7 @@
 --                                              -> {0, cool_ms, rate, token_rate, learned}
 --   state:     ...                            -> {0, cool_ms, rate, token_rate, learned}
 -- rate / token_rate are strings ("-1": unbounded); the hash expires after a quiet hour.
-local HEADROOM, BETA, GROWTH, MIN_STEP, MIN_RATE = 0.98, 0.7, 0.05, 0.2, 0.2
+local HEADROOM, BETA, ACCEPTED_SHARE, GROWTH, MIN_STEP, MIN_RATE = 0.98, 0.7, 0.9, 0.03, 0.2, 0.2
 local BURST_SHARE, FIRST_BACKOFF, MAX_BACKOFF = 0.05, 1.0, 16.0
 local TTL_MS = 3600000
 
@@ -140,12 +140,17 @@ elseif op == 'throttled' then
     wait = s.backoff
   end
   s.episode_at = now
-  local base = rate()
-  if base == nil then
-    if accepted > 0 then base = accepted else base = MIN_RATE * 5 end
+  local current = rate()
+  if accepted > 0 then
+    local target = ACCEPTED_SHARE * accepted
+    if current ~= nil then target = math.min(current, target) end
+    s.learned = math.max(MIN_RATE, target)
+  elseif current ~= nil then
+    s.learned = math.max(MIN_RATE, BETA * current)
+  else
+    s.learned = MIN_RATE * 5
   end
   cool(now + math.max(wait, 0.05))
-  s.learned = math.max(MIN_RATE, BETA * base)
   s.learned_at = s.cool_until
   save()
   return reply(1)

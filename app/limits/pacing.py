@@ -6,9 +6,10 @@ in Redis for every replica at once):
 
 - **Rate** (requests/s). The ceiling is the lower of the configured quota
   (`requests_per_minute`) and the upstream's `x-ratelimit-limit-requests`, or none.
-  A 429 starts an *episode*: the rate drops to `BETA` x the current rate (or, from
-  unbounded, x the rate the upstream was seen accepting) and then grows again
-  linearly (`GROWTH` of itself per second) back to the ceiling: AIMD. A 429 for a
+  A 429 starts an *episode*: the rate drops to 90 % of the rate the upstream was
+  seen accepting (`AcceptedRate`; without answers to go by, to `BETA` x the current
+  rate) and then grows again linearly (`GROWTH` of itself per second) back to the
+  ceiling: AIMD, with the decrease aimed at the measured capacity. A 429 for a
   request sent before the episode's cool-down ended belongs to the same episode
   and changes nothing but the cool-down, so a burst of in-flight 429s is one step.
 - **Cool-down**. Nothing is sent until it ends: the upstream's `retry-after-ms` /
@@ -30,13 +31,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 HEADROOM = 0.98  # pace a little under a quota: gateway-to-upstream jitter shifts arrivals
-BETA = 0.7  # multiplicative decrease on a new throttle episode
-GROWTH = 0.05  # additive increase: this share of the decreased rate, per second
+BETA = 0.7  # multiplicative decrease on a new throttle episode, without a better measure
+ACCEPTED_SHARE = 0.9  # ... with one: this share of the rate the upstream accepted
+GROWTH = 0.03  # additive increase: this share of the decreased rate, per second
 MIN_STEP = 0.2  # ... and at least this many requests/s per second
 MIN_RATE = 0.2  # requests/s: the learned rate never drops below
 BURST_SHARE = 0.05  # of a window's quota that may go at once
@@ -170,11 +173,8 @@ class PaceState:
             )
             wait = self.backoff
         self.episode_at = now
-        base = self.rate(now)
-        if base is None:
-            base = accepted if accepted > 0 else MIN_RATE * 5
+        self.learned = learned_rate(self.rate(now), accepted)
         self._cool(now + max(wait, 0.05))
-        self.learned = max(MIN_RATE, BETA * base)
         self.learned_at = self.cool_until
         return True
 
@@ -195,6 +195,16 @@ class PaceState:
             # Nothing goes before the cool-down ends; after it, at most the burst.
             self.tat_r = max(self.tat_r, until)
             self.tat_t = max(self.tat_t, until)
+
+
+def learned_rate(current: float | None, accepted: float) -> float:
+    """The rate after a new throttle episode: a little under what the upstream was seen
+    accepting (the best estimate of its real quota), never above the rate that was just
+    refused; without a measure, `BETA` x that rate."""
+    if accepted > 0:
+        target = ACCEPTED_SHARE * accepted
+        return max(MIN_RATE, target if current is None else min(current, target))
+    return max(MIN_RATE, BETA * current) if current is not None else MIN_RATE * 5
 
 
 def _per_sec(per_minute: float | None) -> float | None:
@@ -266,26 +276,29 @@ class Pacer(Protocol):
 
 
 class AcceptedRate:
-    """Answers per second over the last two seconds (one-second buckets)."""
+    """Answers per second lately: over the last `SPAN` seconds, counted only since the
+    last cool-down ended (its silence says nothing of the upstream's capacity), and
+    divided by at least one second (a burst's first window is what the upstream took
+    in a second; a fraction of a second would inflate it)."""
 
-    __slots__ = ("_counts", "_second")
+    SPAN = 2.0
+
+    __slots__ = ("_ticks",)
 
     def __init__(self) -> None:
-        self._second = 0
-        self._counts = [0, 0]  # [previous second, this second]
+        self._ticks: deque[float] = deque(maxlen=1 << 17)
 
     def tick(self, now: float) -> None:
-        self._roll(int(now))
-        self._counts[1] += 1
+        self._ticks.append(now)
 
-    def rate(self, now: float) -> float:
-        self._roll(int(now))
-        return (self._counts[0] + self._counts[1]) / 2
-
-    def _roll(self, second: int) -> None:
-        if second != self._second:
-            self._counts = [self._counts[1] if second == self._second + 1 else 0, 0]
-            self._second = second
+    def rate(self, now: float, since: float) -> float:
+        ticks = self._ticks
+        while ticks and ticks[0] <= now - self.SPAN:
+            ticks.popleft()
+        recent = [t for t in ticks if t > since]
+        if not recent:
+            return 0.0
+        return len(recent) / max(1.0, now - recent[0])
 
 
 class LocalPacer:
@@ -313,7 +326,7 @@ class LocalPacer:
     async def throttled(self, throttle: Throttle) -> float:
         now = self.now()
         before = max(now, self.state.cool_until)
-        self.state.throttled(now, throttle, self.accepted.rate(now))
+        self.state.throttled(now, throttle, self.accepted.rate(now, self.state.cool_until))
         return max(0.0, self.state.cool_until - before)
 
     async def observe(self, headers: RateHeaders) -> float:

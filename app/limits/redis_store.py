@@ -324,7 +324,7 @@ class RedisPacer:
         before = max(now, self.state.cool_until)
         wait = -1 if throttle.wait is None else round(throttle.wait * 1000)
         ago = max(0, round((now - throttle.sent_at) * 1000))
-        args = self._args("throttled", wait, ago, self.accepted.rate(now))
+        args = self._args("throttled", wait, ago, self.accepted.rate(now, self.state.cool_until))
         raw = await self.store.pace(self.key, args)
         if raw is None:
             return await self._local.throttled(throttle)

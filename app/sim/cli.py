@@ -32,6 +32,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=60.0,
         help="burst window of the quota (shorter = smaller burst)",
     )
+    p.add_argument(
+        "--quota-mode",
+        choices=["bucket", "window"],
+        default="bucket",
+        help="bucket: refills continuously; window: counts per fixed window of "
+        "--quota-window-sec (how providers quantize per-minute quotas)",
+    )
+    p.add_argument(
+        "--quota-headers",
+        choices=["full", "retry-after", "none"],
+        default="full",
+        help="full: x-ratelimit-* on every answer and Retry-After on 429s; "
+        "retry-after: only the latter; none: bare 429s",
+    )
+    p.add_argument(
+        "--balance",
+        type=int,
+        help="prepaid tokens; once spent, 429 insufficient_quota (top up: PUT /_sim/quota)",
+    )
     p.add_argument("--fail-status", type=int, default=500, help="status of injected failures")
     p.add_argument("--fail-rate", type=float, default=0.0, help="probability of a failure")
     p.add_argument("--fail-next", type=int, default=0, help="fail the next N requests")
@@ -51,6 +70,9 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         rpm=args.rpm,
         tpm=args.tpm,
         quota_window_sec=args.quota_window_sec,
+        quota_mode=args.quota_mode,
+        quota_headers=args.quota_headers,
+        balance=args.balance,
         record=not args.no_record,
         faults=Faults(
             status=args.fail_status,

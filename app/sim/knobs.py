@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from app.sim.quota import Headers, Mode
+
 
 @dataclass
 class Faults:
@@ -40,6 +42,9 @@ class SimKnobs:
     rpm: int | None = None
     tpm: int | None = None
     quota_window_sec: float = 60.0
+    quota_mode: Mode = "bucket"  # see quota.py
+    quota_headers: Headers = "full"
+    balance: int | None = None  # prepaid tokens; None: unlimited
     record: bool = True
     max_records: int = 100_000
     anthropic: bool = True  # also serve /v1/messages

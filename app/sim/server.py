@@ -2,7 +2,8 @@
 
 Honest means it refuses what the real API refuses: a missing or wrong key (401), an
 unknown model (404 `model_not_found`), malformed bodies (400), traffic past its own
-quota (429 with `Retry-After` and `retry-after-ms`). Answers are deterministic, with
+quota (429 with `Retry-After` and `retry-after-ms`, see quota.py) and an empty
+balance (429 `insufficient_quota`). Answers are deterministic, with
 usage counted its own way. It also records what it received (`GET /_sim/records`),
 so tests can assert which key, headers and bodies reached it, and counts concurrent
 requests (`GET /_sim/stats`). Faults are set by flags or `PUT /_sim/faults`.
@@ -50,7 +51,9 @@ class Sim:
         self.knobs = knobs
         self.rng = random.Random(knobs.seed)
         self.records: deque[dict[str, Any]] = deque(maxlen=knobs.max_records)
-        self.quota = Quota(knobs.rpm, knobs.tpm, knobs.quota_window_sec)
+        self.quota = Quota(
+            knobs.rpm, knobs.tpm, knobs.quota_window_sec, knobs.quota_mode, knobs.balance
+        )
         self.inflight = 0
         self.peak_inflight = 0
         self.counts: dict[str, int] = {}
@@ -106,18 +109,33 @@ class Sim:
         return model
 
     def _quota(self, tokens: int) -> None:
-        wait = self.quota.take(tokens, time.monotonic())
+        if self.quota.exhausted:
+            raise SimError(
+                429,
+                "You exceeded your current quota, please check your plan and billing details.",
+                "insufficient_quota",
+                "insufficient_quota",
+            )
+        now = time.monotonic()
+        wait = self.quota.take(tokens, now)
         if wait is not None:
+            headers = {}
+            if self.knobs.quota_headers != "none":
+                headers = {
+                    "retry-after": str(max(1, int(wait + 0.999))),
+                    "retry-after-ms": str(max(1, int(wait * 1000 + 0.999))),
+                    **self._rate_headers(now),
+                }
             raise SimError(
                 429,
                 f"Rate limit reached; please try again in {wait:.3f}s.",
                 "requests",
                 "rate_limit_exceeded",
-                {
-                    "retry-after": str(max(1, int(wait + 0.999))),
-                    "retry-after-ms": str(max(1, int(wait * 1000 + 0.999))),
-                },
+                headers,
             )
+
+    def _rate_headers(self, now: float) -> dict[str, str]:
+        return self.quota.headers(now) if self.knobs.quota_headers == "full" else {}
 
     async def _faults(self, request: Request, rec: dict[str, Any]) -> Faults | None:
         f = self.knobs.faults
@@ -169,6 +187,8 @@ class Sim:
             job = shapes.build(request.url.path, body, model, self.knobs)
             reset = await self._faults(request, rec)
             self._quota(job.quota_tokens)
+            headers = self._rate_headers(time.monotonic())
+            self.quota.spend(job.prompt_tokens + job.completion_tokens)
             if self.knobs.latency_ms:
                 await self._wait(request, self.knobs.latency_ms / 1000, rec)
             rec["status"] = 200
@@ -177,11 +197,13 @@ class Sim:
                 return _Truncated(orjson.dumps(job.json_body())[:20])
             if job.stream:
                 handed_off = True
-                return _Stream(self._stream(job, rec))
+                return _Stream(self._stream(job, rec), headers)
             if self.knobs.tokens_per_sec:
                 await self._wait(request, job.completion_tokens / self.knobs.tokens_per_sec, rec)
             rec["completed"] = True
-            return Response(orjson.dumps(job.json_body()), media_type="application/json")
+            return Response(
+                orjson.dumps(job.json_body()), headers=headers, media_type="application/json"
+            )
         except SimError as err:
             rec["status"] = err.status
             self._count(err.status)
@@ -248,6 +270,16 @@ class Sim:
         self.knobs.faults = Faults(**data)
         return Response(orjson.dumps(asdict(self.knobs.faults)), media_type="application/json")
 
+    async def set_quota(self, request: Request) -> Response:
+        """`{"balance": N}`: the account's prepaid tokens (null: unlimited), e.g. a top-up."""
+        data = orjson.loads(await request.body() or b"{}")
+        if set(data) - {"balance"}:
+            return Response(orjson.dumps({"error": "only 'balance' can be set"}), 400)
+        self.quota.balance = data.get("balance")
+        return Response(
+            orjson.dumps({"balance": self.quota.balance}), media_type="application/json"
+        )
+
     async def stats(self, request: Request) -> Response:
         return Response(
             orjson.dumps(
@@ -257,6 +289,7 @@ class Sim:
                     "statuses": self.counts,
                     "records": len(self.records),
                     "cancelled": sum(1 for r in self.records if r["cancelled"]),
+                    "balance": self.quota.balance,
                 }
             ),
             media_type="application/json",
@@ -270,12 +303,13 @@ class _Drop(Exception):
 class _Stream(Response):
     """SSE whose generator may `_Drop`: the connection then ends without its last chunk."""
 
-    def __init__(self, events: AsyncIterator[bytes]) -> None:
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
         self.status_code = 200
         self.background = None
         self.raw_headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
+            *((k.encode(), v.encode()) for k, v in headers.items()),
         ]
         self.events = events
 
@@ -353,6 +387,7 @@ def create_sim_app(knobs: SimKnobs) -> Starlette:
         Route("/_sim/records", sim.get_records, methods=["GET"]),
         Route("/_sim/records", sim.clear, methods=["DELETE"]),
         Route("/_sim/faults", sim.set_faults, methods=["PUT"]),
+        Route("/_sim/quota", sim.set_quota, methods=["PUT"]),
         Route("/_sim/stats", sim.stats, methods=["GET"]),
     ]
     app = Starlette(routes=routes)

@@ -155,12 +155,18 @@ def _start(group: Group, tmp: Path, plan: QuotaPlan) -> tuple[str, str, Path]:
 
 
 async def _send(
-    session: aiohttp.ClientSession, url: str, alias: str, priority: str, t0: float
+    session: aiohttp.ClientSession,
+    url: str,
+    alias: str,
+    priority: str,
+    t0: float,
+    headers: dict[str, str] | None = None,
 ) -> Outcome:
     sent = time.monotonic()
     status, code = 0, "transport"
+    headers = headers or _headers(alias)
     try:
-        async with session.post(url, data=common.chat_body(False), headers=_headers(alias)) as resp:
+        async with session.post(url, data=common.chat_body(False), headers=headers) as resp:
             raw = await resp.read()
             status, code = resp.status, "" if resp.status == 200 else _error_code(raw)
     except (TimeoutError, aiohttp.ClientError):
