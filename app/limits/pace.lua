@@ -69,10 +69,9 @@ end
 local function gcra(tat, at_least, amount, r)
   local quota = r * window
   local burst = math.max(1.0, BURST_SHARE * quota)
-  local spacing = math.max(r - burst / window, r / 2)
-  amount = math.min(amount, math.max(burst, 1.0))
+  local spacing = math.max(r - (burst - 1) / window, r / 2)
   tat = math.max(tat, at_least)
-  local tolerance = (burst - amount) / spacing
+  local tolerance = (burst - math.min(amount, burst)) / spacing
   return math.max(at_least, tat - tolerance), tat + amount / spacing
 end
 

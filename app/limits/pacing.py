@@ -220,14 +220,17 @@ def _lowest(a: float | None, b: float | None) -> float | None:
 def _gcra(tat: float, now: float, amount: float, rate: float, window: float) -> tuple[float, float]:
     """(when `amount` may go, the new theoretical arrival time) at `rate` units/s.
 
-    The burst is `BURST_SHARE` of a window's quota (at least one unit), and the spacing
-    `rate - burst / window`, so no `window`-long interval holds more than rate x window."""
+    The burst is `BURST_SHARE` of a window's quota (at least one unit) and the spacing
+    `rate - (burst - 1) / window`: evenly spaced grants put at most ceil(spacing x window)
+    in a `window`-long interval and the burst adds burst - 1, so none holds more than
+    rate x window (rate has the headroom in it, so that is a little under the quota)."""
     quota = rate * window
     burst = max(1.0, BURST_SHARE * quota)
-    spacing = max(rate - burst / window, rate / 2)
-    amount = min(amount, max(burst, 1.0))  # a request larger than the burst goes alone
+    spacing = max(rate - (burst - 1) / window, rate / 2)
     tat = max(tat, now)
-    tolerance = (burst - amount) / spacing
+    # A request larger than the burst goes once nothing is booked ahead of it, and is
+    # charged in full: what follows waits for all of it.
+    tolerance = (burst - min(amount, burst)) / spacing
     at = max(now, tat - tolerance)
     return at, tat + amount / spacing
 
