@@ -93,6 +93,10 @@ class Sim:
     def faults(self, **faults: Any) -> None:
         httpx.put(f"{self.url}/_sim/faults", json=faults).raise_for_status()
 
+    def balance(self, tokens: int | None) -> None:
+        """The upstream account's prepaid tokens (0: empty, None: unlimited)."""
+        httpx.put(f"{self.url}/_sim/quota", json={"balance": tokens}).raise_for_status()
+
     def stats(self) -> dict[str, Any]:
         return dict(httpx.get(f"{self.url}/_sim/stats").json())
 

@@ -83,6 +83,13 @@ def run_everything(gw: Gateway, sim: Sim, rec: Recorder) -> None:
         sim.faults(status=400, count=1)
         rec.keep(c.post(url, json=chat(), headers=gw.headers()))
         sim.faults()
+        sim.balance(0)  # the upstream account's balance is empty
+        rec.keep(c.post(url, json=chat(), headers=gw.headers()))
+        sim.balance(None)
+        # last, as it cools the domain down for longer than the queue wait: 503 at once
+        sim.faults(status=429, count=1, retry_after=45)
+        rec.keep(c.post(url, json=chat(), headers=gw.headers()))
+        sim.faults()
         # admin probes: refused without the admin key, whatever else is presented
         for method, path in (
             ("GET", "/admin/status"),
