@@ -30,7 +30,7 @@ import logging
 import os
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import aiohttp
@@ -192,6 +192,9 @@ class _AiohttpResponse:
 def _translate_aiohttp(exc: BaseException) -> BaseException:
     if isinstance(exc, AttemptFailed | asyncio.CancelledError):
         return exc
+    if isinstance(exc, aiohttp.ClientHttpProxyError):  # the proxy refused the CONNECT
+        detail = f"proxy answered CONNECT with {exc.status}"
+        return AttemptFailed("connect", retryable=exc.status != 407, detail=detail)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return AttemptFailed("connect", retryable=True, detail=str(exc.os_error))
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
@@ -201,6 +204,13 @@ def _translate_aiohttp(exc: BaseException) -> BaseException:
     if isinstance(exc, ValueError):  # a header aiohttp refuses to send (a line break, ...)
         return AttemptFailed("bad_request", retryable=False, detail="a header aiohttp refused")
     return exc
+
+
+@dataclass(frozen=True)
+class _AiohttpRoute:
+    proxy: str | None
+    connect_headers: dict[str, str] | None = field(repr=False)
+    request_headers: dict[str, str] | None = field(repr=False)
 
 
 class AiohttpTransport:
@@ -222,21 +232,25 @@ class AiohttpTransport:
         self._pool_size = pool_size
         self._ssl: ssl.SSLContext | bool = ssl_context or True
         self._proxies = proxies or Proxies()
-        self._routes: dict[str, tuple[str | None, aiohttp.BasicAuth | None]] = {}
+        self._routes: dict[str, _AiohttpRoute] = {}
         self._session: aiohttp.ClientSession | None = None
 
-    def _route(self, url: str) -> tuple[str | None, aiohttp.BasicAuth | None]:
+    def _route(self, url: str) -> _AiohttpRoute:
         found = self._routes.get(url)
         if found is None:
-            route = self._proxies.route(*parse_target(url).origin)
+            scheme, host, port = parse_target(url).origin
+            route = self._proxies.route(scheme, host, port)
             if route is None:
-                found = (None, None)
+                found = _AiohttpRoute(None, None, None)
             else:
-                auth = route.authorization
-                found = (
-                    f"{route.scheme}://{_authority(route)}",
-                    aiohttp.BasicAuth.decode(auth) if auth else None,
-                )
+                auth = {"Proxy-Authorization": route.authorization} if route.authorization else None
+                proxy = f"{route.scheme}://{_authority(route)}"
+                # aiohttp sends `proxy_headers` on a CONNECT only; a plain-http request
+                # through the proxy carries the credential among its own headers.
+                if scheme == "https":
+                    found = _AiohttpRoute(proxy, auth, None)
+                else:
+                    found = _AiohttpRoute(proxy, None, auth)
             if len(self._routes) < 256:  # a handful of base URLs x paths in practice
                 self._routes[url] = found
         return found
@@ -270,15 +284,17 @@ class AiohttpTransport:
             total=None if stream else self._total, sock_connect=t.connect, sock_read=t.read
         )
         try:
-            proxy, proxy_auth = self._route(url)
+            route = self._route(url)
+            if route.request_headers is not None:
+                headers = {**headers, **route.request_headers}
             resp = await self._get().request(
                 method,
                 url,
                 data=body,
                 headers=headers,
                 timeout=timeout,
-                proxy=proxy,
-                proxy_auth=proxy_auth,
+                proxy=route.proxy,
+                proxy_headers=route.connect_headers,
             )
         except BaseException as exc:
             raise _translate_aiohttp(exc) from None
