@@ -280,8 +280,13 @@ class AiohttpTransport:
         self, method: str, url: str, headers: dict[str, str], body: bytes | None, *, stream: bool
     ) -> UpstreamResponse:
         t = self._timeouts
+        # `connect` is aiohttp's wait for a pool slot plus the connect: the slot wait is
+        # bounded by the read timeout, as the native pool's and httpx's are.
         timeout = aiohttp.ClientTimeout(
-            total=None if stream else self._total, sock_connect=t.connect, sock_read=t.read
+            total=None if stream else self._total,
+            connect=t.read + t.connect,
+            sock_connect=t.connect,
+            sock_read=t.read,
         )
         try:
             route = self._route(url)
