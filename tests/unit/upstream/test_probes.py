@@ -5,7 +5,8 @@ doing what real upstreams and proxies do: bodies of several times the native cli
 read buffer, a large error body on a stream request, a stream whose last bytes the
 caller never takes, header floods, HEAD, a pool whose every connection is stuck. The
 same probe on both clients is how "as robust as aiohttp" is checked, and each one failed
-(hung or grew without bound) on the native client before #18.
+(hung or grew without bound) on the native client before #18. The last test runs the
+native probes again on uvloop, the production event loop.
 
 Timeouts here are only bounds, so that a hang fails quickly instead of hanging the run.
 """
@@ -15,9 +16,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import pytest
+import uvloop
 
 from app.upstream import connection
 from app.upstream.client import AiohttpTransport, Timeouts, Transport, UpstreamResponse
@@ -247,3 +250,22 @@ async def test_full_pool_wait_is_bounded() -> None:
             gate.set()
         finally:
             await t.close()
+
+
+# -- the native probes on uvloop, the production event loop ------------------------------------
+
+UVLOOP = [
+    pytest.param(partial(test_large_non_streamed_body_is_read_whole, native, False, 4 * MIB)),
+    pytest.param(partial(test_large_non_streamed_body_is_read_whole, native, True, 4 * MIB)),
+    pytest.param(partial(test_large_error_body_on_a_stream_request_is_read, native, True)),
+    pytest.param(partial(test_head_answer_ends_with_its_head_and_keeps_the_connection, native)),
+    pytest.param(test_endless_head_is_cut_at_the_limit_not_buffered),
+]
+
+
+@pytest.mark.parametrize("scenario", UVLOOP)
+def test_under_uvloop(scenario: Callable[[], Any]) -> None:
+    async def run() -> None:
+        await scenario()
+
+    uvloop.run(run())
