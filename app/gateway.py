@@ -89,7 +89,9 @@ class Gateway:
         sched = self.runtime.settings.token_scheduler
         timeouts = Timeouts(connect=sched.connect_timeout_ms / 1000, read=sched.timeout_ms / 1000)
         kind = self.runtime.settings.server.upstream_client
-        return make_transport(kind, timeouts, sched.timeout_ms / 1000, spec.max_inflight + 8)
+        pool = spec.max_inflight + 8
+        # base: the transport logs how it reaches the upstream (direct or which proxy)
+        return make_transport(kind, timeouts, sched.timeout_ms / 1000, pool, base=spec.api_base)
 
     def _build_domain(self, spec: DomainSpec) -> Domain:
         s = self.runtime.settings

@@ -12,9 +12,16 @@ with); what lives here is only the exchange's state machine, one exchange at a t
 
 A `Response` is handed out at its head; its body is read whole (`read`) or as it
 arrives (`chunks`). Past `BUFFER_LIMIT` unread bytes reading pauses, so a slow client
-slows its upstream instead of growing the gateway's memory. The read timeout is the
-longest silence while an answer is owed (paused reading is not silence); the total
-deadline bounds a whole non-streamed exchange. Both share one lazily re-armed timer.
+slows its upstream instead of growing the gateway's memory; whoever takes buffered bytes
+(`read` as it goes, `chunks`) resumes it, and a connection going back to the pool is
+always resumed first. The read timeout is the longest silence while an answer is owed
+(paused reading is not silence); the total deadline bounds a whole non-streamed
+exchange. Both share one lazily re-armed timer.
+
+A head is bounded (`HEAD_LIMIT` bytes, `MAX_HEADERS` fields, interim 1xx heads
+included): past either the answer is refused as a reset, so a header flood costs at most
+one read's worth of memory. An answer to HEAD ends with its head whatever its
+content-length says.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import httptools
 from app.upstream.attempt import AttemptFailed
 
 BUFFER_LIMIT = 256 * 1024
+HEAD_LIMIT = 64 * 1024  # bytes of status line and headers (interim heads included)
+MAX_HEADERS = 128  # fields in one head; aiohttp's default too
 _NO_BODY = frozenset({204, 304})
 
 
@@ -63,11 +72,18 @@ class Response:
 
     # -- caller side ---------------------------------------------------------------------
     async def read(self) -> bytes:
-        """The whole body; the connection goes back to the pool when it was complete."""
+        """The whole body; the connection goes back to the pool when it was complete.
+
+        Buffered parts are taken as they come: taking is what resumes a paused reading,
+        so waiting for the end with the buffer full would wait forever."""
+        parts: list[bytes] = []
         try:
-            while not self.complete:
+            while True:
+                if self._body:
+                    parts.append(self._take())
+                if self.complete:
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
                 await self._next()
-            return self._take()
         finally:
             self._conn.release(self)
 
@@ -151,6 +167,8 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._response: Response | None = None
         self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0
+        self._head_only = False
         self._keep_alive = False
         self._until_eof = False
         self._paused = False
@@ -166,12 +184,17 @@ class Connection(asyncio.Protocol):
         return self._got_bytes
 
     # -- the exchange --------------------------------------------------------------------
-    async def send(self, data: bytes, read_timeout: float, deadline: float | None) -> Response:
-        """Write one request and wait for its head; on any failure the socket is closed."""
+    async def send(
+        self, data: bytes, read_timeout: float, deadline: float | None, *, head_only: bool = False
+    ) -> Response:
+        """Write one request and wait for its head; on any failure the socket is closed.
+        `head_only`: the request was HEAD, so its answer has no body."""
         assert self.transport is not None and self._response is None
         head: asyncio.Future[None] = self.loop.create_future()
         response = self._response = Response(self, head)
         self._raw_headers = []
+        self._head_bytes = 0
+        self._head_only = head_only
         self._got_bytes = False
         self._keep_alive = False
         self.exchanges += 1
@@ -195,6 +218,9 @@ class Connection(asyncio.Protocol):
         self._response = None
         self._cancel_timer()
         if response.complete and self._keep_alive and not self.closed:
+            # Reading may have paused on bytes the caller never took (a client that left
+            # at the end of a stream): the next exchange must find the socket read.
+            self.resume()
             self.idle_since = self.loop.time()
             self._on_idle(self)
         else:
@@ -225,10 +251,20 @@ class Connection(asyncio.Protocol):
             return
         self._got_bytes = True
         self._last_read = self.loop.time()
+        in_head = not self._response._head.done()
+        if in_head:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(_reset(f"malformed upstream response ({type(exc).__name__})"))
+            own = exc.__context__  # raised by a callback of ours (a head limit)
+            if isinstance(own, AttemptFailed):
+                self._fail(own)
+            else:
+                self._fail(_reset(f"malformed upstream response ({type(exc).__name__})"))
+            return
+        if in_head and self._head_bytes > HEAD_LIMIT and not self._response._head.done():
+            self._fail(_reset(f"upstream response head over {HEAD_LIMIT} bytes"))
 
     def eof_received(self) -> bool:
         return False
@@ -248,6 +284,8 @@ class Connection(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
         self._raw_headers.append((name, value))
+        if len(self._raw_headers) > MAX_HEADERS:
+            raise _reset(f"upstream response head over {MAX_HEADERS} fields")
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -259,25 +297,39 @@ class Connection(asyncio.Protocol):
             name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
         self._until_eof = status not in _NO_BODY and not (
-            "content-length" in headers or "transfer-encoding" in headers
+            self._head_only or "content-length" in headers or "transfer-encoding" in headers
         )
         if self._response is None or self._response.complete:
             self._fail(_reset("an answer nobody asked for"))
             return
         self._response._got_head(status, headers)
+        if self._head_only:
+            # llhttp would wait for the content-length the head announces: end the answer
+            # here and give the next exchange a parser that expects a new head.
+            self._end(self._parser.should_keep_alive())
+            self._parser = httptools.HttpResponseParser(self)
 
     def on_body(self, body: bytes) -> None:
         response = self._response
         if response is None or response.complete or response._error is not None:
-            return  # the parser runs on through a buffer this connection already gave up
+            # The parser runs on through a buffer this connection already gave up, or
+            # past the end of a HEAD answer: bytes nobody asked for.
+            self._keep_alive = False
+            return
         if response._got_body(body) and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        response = self._response
+        if response is None or response.complete or response._error is not None:
+            return  # the parser runs on past an end already taken (HEAD) or a failure
         if 100 <= self._parser.get_status_code() < 200:
             return
-        self._keep_alive = self._parser.should_keep_alive() and not self._until_eof
+        self._end(self._parser.should_keep_alive() and not self._until_eof)
+
+    def _end(self, keep_alive: bool) -> None:
+        self._keep_alive = keep_alive
         self._cancel_timer()
         assert self._response is not None
         self._response._got_end()

@@ -1,0 +1,86 @@
+"""Which HTTP proxy, if any, carries the requests to an upstream origin.
+
+The environment is read the way curl, httpx and aiohttp read it: `https_proxy` for
+https:// upstreams, `http_proxy` for http:// ones, `no_proxy` for exceptions (a host, a
+domain suffix, `host:port`, or `*`), each in lower or upper case with the lower-case one
+winning. `NO_PROXY` matching is the standard library's (`urllib.request`), so it agrees
+with what Python tools on the same node do.
+
+It is read once, when a transport is built, so the line logged at start stays true for
+the life of the process. Only `http://` proxies are spoken natively (CONNECT for https
+upstreams, absolute-form requests for http ones); for another scheme (an https://
+proxy) `client.make_transport` hands the domain to aiohttp. A proxy's
+credentials live only in `ProxyRoute.authorization` (the Proxy-Authorization value):
+`shown`, the form used in logs and errors, never carries them.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+from urllib.request import proxy_bypass_environment  # type: ignore[attr-defined]  # not in typeshed
+
+
+@dataclass(frozen=True)
+class ProxyRoute:
+    host: str
+    port: int
+    shown: str  # scheme://host:port and where it came from; no credentials
+    authorization: str | None = field(default=None, repr=False)
+    scheme: str = "http"
+
+
+@dataclass(frozen=True)
+class Proxies:
+    """Proxy settings from an environment mapping; empty means direct connections."""
+
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def _get(self, name: str) -> tuple[str, str] | None:
+        for key in (name, name.upper()):
+            value = self.env.get(key, "").strip()
+            if value:
+                return key, value
+        return None
+
+    def route(self, scheme: str, host: str, port: int) -> ProxyRoute | None:
+        """The proxy for requests to `scheme://host:port`, or None to connect directly."""
+        found = self._get(f"{scheme}_proxy")
+        if found is None:
+            return None
+        no_proxy = self._get("no_proxy")
+        if no_proxy is not None:
+            bypass = {"no": no_proxy[1]}
+            name = f"[{host}]" if ":" in host else host
+            # with the port for `host:port` entries; bare too, for IPv6 entries (`::1`)
+            if proxy_bypass_environment(f"{name}:{port}", bypass) or (
+                name != host and proxy_bypass_environment(host, bypass)
+            ):
+                return None
+        return parse_proxy(found[1], source=found[0])
+
+
+def parse_proxy(url: str, *, source: str) -> ProxyRoute:
+    """A proxy URL as the environment gives it (`host:port` alone means http://)."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError:
+        raise ValueError(f"{source}: the proxy's port is not a number") from None
+    if not parts.hostname:
+        raise ValueError(f"{source}: no proxy host in the value")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    authorization = None
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+    return ProxyRoute(
+        host=parts.hostname,
+        port=port,
+        shown=f"{scheme}://{host}:{port} (from {source})",
+        authorization=authorization,
+        scheme=scheme,
+    )
