@@ -107,9 +107,7 @@ async def test_429_storm_is_flow_control_then_503_with_retry_after(
     sim: Sim, make_gateway: Make
 ) -> None:
     # Default breaker: a 429 storm must never open it (429 is flow control, not a fault).
-    gw = make_gateway(
-        spec(toml={"token_scheduler": {"max_queue_wait_ms": 1500}}), sim.url
-    )
+    gw = make_gateway(spec(toml={"token_scheduler": {"max_queue_wait_ms": 1500}}), sim.url)
     sim.faults(status=429, rate=1.0, retry_after=0.3)
     tally = await burst(gw, mixed(12), concurrency=12, keep_body=True)
     # Each request waited at the head of the queue, cool-down after cool-down, until its
