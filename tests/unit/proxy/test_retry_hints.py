@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from app.config.schema import Settings
 from app.errors import (
     AuthenticationFailed,
     InvalidRequest,
@@ -16,17 +17,17 @@ from app.errors import (
     UpstreamTimeout,
 )
 from app.gateway import Gateway
-from app.metrics import Metrics, new_registry
 from app.proxy.trace import Attempt, Trace
-from app.runtime import compile_runtime
 from app.upstream.attempt import AttemptFailed
+from tests.support.inproc import MakeGateway
 
 
-def proxy(mode: str = "cooperate") -> Gateway:
-    s = Settings.model_validate({"retry_policy": {"client_retries": mode}})
-    return Gateway(
-        compile_runtime(s, {"TAOTOKEN_API_KEY": "k"}, no_auth=True), Metrics(new_registry())
-    )
+@pytest.fixture
+def proxy(make_local_gateway: MakeGateway) -> Callable[..., Gateway]:
+    def build(mode: str = "cooperate") -> Gateway:
+        return make_local_gateway({"retry_policy": {"client_retries": mode}})
+
+    return build
 
 
 def trace(n: int = 3) -> Trace:
@@ -58,7 +59,7 @@ def test_retry_after_never_exceeds_what_the_sdk_honours() -> None:
     ],
 )
 def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
-    failure: AttemptFailed, kind: type, status: int
+    failure: AttemptFailed, kind: type, status: int, proxy: Callable[..., Gateway]
 ) -> None:
     err = proxy().proxy._final_error(failure, trace())
     assert isinstance(err, kind) and err.status == status
@@ -67,14 +68,14 @@ def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
     assert "x-should-retry" not in relaxed.response_headers()
 
 
-def test_upstream_quota_exhaustion_carries_its_retry_after() -> None:
+def test_upstream_quota_exhaustion_carries_its_retry_after(proxy: Callable[..., Gateway]) -> None:
     err = proxy().proxy._final_error(
         AttemptFailed("status_429", retryable=True, retry_after=2.5), trace()
     )
     assert err.response_headers()["retry-after-ms"] == "2500"
 
 
-def test_relayed_client_errors_are_permanent() -> None:
+def test_relayed_client_errors_are_permanent(proxy: Callable[..., Gateway]) -> None:
     err = proxy().proxy._final_error(
         AttemptFailed("status_4xx", retryable=False, status=422, body=b"{}"), trace(1)
     )

@@ -2,17 +2,11 @@ from __future__ import annotations
 
 from app.config.schema import BreakerConfig
 from app.upstream.breaker import Breaker
+from tests.support.clock import FakeClock
 
 
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def breaker(**cfg: object) -> tuple[Breaker, Clock]:
-    clock = Clock()
+def breaker(**cfg: object) -> tuple[Breaker, FakeClock]:
+    clock = FakeClock()
     return Breaker(BreakerConfig.model_validate({"open_sec": 10, **cfg}), clock), clock
 
 
