@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.api.body import ClientGone, read_body
 from app.api.errors import render
 from app.api.responses import SseResponse, send_json
-from app.errors import GatewayError, InternalError
+from app.errors import GatewayError, InternalError, MethodNotAllowed
 from app.gateway import Gateway
 from app.proxy.answer import Answer, JsonAnswer
 from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
@@ -41,10 +41,12 @@ class ProxyRoutes:
         if endpoint is None:
             await self.app(scope, receive, send)
             return
-        if scope["method"] != "POST":
-            await _method_not_allowed(scope, receive, send)
-            return
         response: Response
+        if scope["method"] != "POST":
+            # OpenAI's body on every path, /v1/messages included (as it always was)
+            response = render(MethodNotAllowed(scope["method"], scope["path"]))
+            await response(scope, receive, send)
+            return
         try:
             answer = await self._answer(endpoint, scope, receive)
         except GatewayError as exc:
@@ -75,13 +77,3 @@ class ProxyRoutes:
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
         return await gateway.proxy.handle(call)
-
-
-async def _method_not_allowed(scope: Scope, receive: Receive, send: Send) -> None:
-    err = GatewayError(
-        f"{scope['method']} is not allowed on {scope['path']}: use POST", code="method_not_allowed"
-    )
-    err.status, err.type, err.permanent = 405, "invalid_request_error", True
-    response = render(err)
-    response.headers["allow"] = "POST"
-    await response(scope, receive, send)
