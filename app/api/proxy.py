@@ -2,11 +2,12 @@
 
 `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/messages` are
 answered here, in front of FastAPI, because FastAPI's per-request machinery (request
-object, dependency solving, exception middleware) cost about a fifth of the gateway's
-CPU per proxied request when measured (README, "Benchmarks"). Everything else falls
-through to the FastAPI app. The route is still a translator: raw ASGI in, `ProxyCall`
-to the pipeline, its answer out; errors use the same renderer as every other route.
-Their OpenAPI description is added in `app.main` so schema-driven clients still see them.
+object, dependency solving, exception middleware) was a large share of the gateway's
+CPU per proxied request (figures: deploy/BENCHMARKS.md, "Figures behind the design").
+Everything else falls through to the FastAPI app. The route is still a translator: raw
+ASGI in, `ProxyCall` to the pipeline, its answer out; errors use the same renderer as
+every other route. Their OpenAPI description is added in `app.main` so schema-driven
+clients still see them.
 """
 
 from __future__ import annotations
