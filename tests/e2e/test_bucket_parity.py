@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from app.limits.bucket import Decision, Limits
+from app.limits.redis_store import _decision
 from app.limits.store import MemoryBuckets
 from tests.support.clock import FakeClock
 from tests.support.procs import redis_server
@@ -161,19 +162,7 @@ class LuaSide:
 
     def reserve(self, limits: Limits, cost: int) -> Decision:
         raw = self.script(keys=self.keys, args=["reserve", *limits, cost])
-        allowed, limit, retry_ms, r_left, r_reset, t_left, t_reset = (int(v) for v in raw)
-        return Decision(
-            allowed=bool(allowed),
-            limit=(None, "requests", "tokens")[limit],
-            retry_after=math.inf if retry_ms < 0 else retry_ms / 1000,
-            requests_limit=limits.requests_per_minute,
-            requests_remaining=r_left,
-            requests_reset=r_reset / 1000,
-            tokens_limit=limits.tokens_per_minute,
-            tokens_remaining=t_left,
-            tokens_reset=t_reset / 1000,
-            too_large=retry_ms < 0,
-        )
+        return _decision(raw, limits)  # the Redis store's own reading of the script's answer
 
     def settle(self, limits: Limits, tokens: int, requests: int) -> None:
         ledger = [f"{self.keys[0]}:ledger", f"{self.keys[0]}:ledger-index"]
