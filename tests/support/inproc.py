@@ -8,7 +8,7 @@ startup and shutdown, which httpx's `ASGITransport` does not.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ from app.upstream.client import HttpxTransport, Timeouts
 
 Handler = Callable[[httpx.Request], httpx.Response]
 MakeGateway = Callable[..., Gateway]  # the `make_local_gateway` fixture (tests/unit/conftest.py)
+MakeClient = Callable[..., Awaitable[httpx.AsyncClient]]  # `make_client` (tests/unit/api/)
+ADMIN_KEY = "adm-unit-0123456789"
 
 
 def local_settings(tmp_path: Path, data: dict[str, Any] | None = None) -> Settings:
@@ -66,3 +68,13 @@ class Lifespan:
         await self._step("shutdown")
         assert self._task is not None
         await asyncio.wait_for(self._task, 10)
+
+
+def gateway_of(client: httpx.AsyncClient) -> Gateway:
+    """The `Gateway` behind a client of `make_client`: FastAPI's state, under the
+    pure-ASGI layers that wrap it."""
+    app: Any = client._transport.app  # type: ignore[attr-defined]
+    while not hasattr(app, "state"):
+        app = app.app
+    gateway: Gateway = app.state.gateway
+    return gateway

@@ -3,7 +3,7 @@ lifespan run as a server would, the upstream an `httpx.MockTransport`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -11,27 +11,20 @@ from typing import Any
 import httpx
 import pytest
 
-from app.gateway import Gateway
 from app.main import create_app
 from app.runtime import compile_runtime
-from tests.support.inproc import Handler, Lifespan, local_settings, mock_transport
-
-ADMIN_KEY = "adm-unit-0123456789"
-MakeClient = Callable[..., Awaitable[httpx.AsyncClient]]
+from tests.support.inproc import (
+    ADMIN_KEY,
+    Handler,
+    Lifespan,
+    MakeClient,
+    local_settings,
+    mock_transport,
+)
 
 
 def models(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, json={"object": "list", "data": [{"id": "m-1", "object": "model"}]})
-
-
-def gateway_of(client: httpx.AsyncClient) -> Gateway:
-    """The `Gateway` behind a client of `make_client`: FastAPI's state, under the
-    pure-ASGI layers that wrap it."""
-    app: Any = client._transport.app  # type: ignore[attr-defined]
-    while not hasattr(app, "state"):
-        app = app.app
-    gateway: Gateway = app.state.gateway
-    return gateway
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import hashlib
 
 import httpx
 
-from tests.unit.api.conftest import ADMIN_KEY, MakeClient
+from tests.support.inproc import ADMIN_KEY, MakeClient
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ALICE = {"alias": "alice", "key_sha256": hashlib.sha256(b"tg-alice-key").hexdigest()}

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from app.gateway import Gateway
-from tests.unit.api.conftest import MakeClient
+from tests.support.inproc import MakeClient
 
 
 def error(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:

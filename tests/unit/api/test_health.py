@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.unit.api.conftest import MakeClient, gateway_of
+from tests.support.inproc import MakeClient, gateway_of
 
 
 async def test_liveness_is_a_fixed_body(client: httpx.AsyncClient) -> None:
