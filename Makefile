@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps bench-deps demo test test-unit test-e2e lint format docs bench clean
+.PHONY: help install system-deps bench-deps demo test test-fast test-unit test-e2e lint format docs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ demo: install ## run the simulated upstream + the gateway on the shipped config,
 
 test: install system-deps ## install everything, then run the whole suite
 	$(BIN)/python -m pytest -q
+
+test-fast: install system-deps ## the whole suite but the long scenarios marked `slow`
+	$(BIN)/python -m pytest -q -m "not slow"
 
 test-unit: install ## unit tests only (no servers)
 	$(BIN)/python -m pytest -q tests/unit

@@ -1,7 +1,7 @@
-"""`tokengate check`: verify the chain from API entry to compute domain (CONTEXT §4-5).
+"""`tokengate check`: verify the chain from API entry to compute domain.
 
-Steps, in the order CONTEXT §5 says to diagnose (endpoint, key, model route,
-scheduler parameters):
+The steps of docs/design.md ("Verifying the chain"), in its diagnosis order (endpoint,
+key, model route, scheduler parameters):
 
   1. configuration: both files and the environment load (else exit 2);
   2. `GET /v1/models` with the key: 200, and every routed/aliased model is listed;
@@ -51,7 +51,7 @@ def _say(text: str) -> None:
 
 
 def diagnose(exc: BaseException, target: Target) -> str:
-    """One line an operator can act on, for each failure class of CONTEXT §5."""
+    """One line an operator can act on, for each failure class of docs/design.md."""
     if isinstance(exc, httpx.ConnectError):
         root = exc.__cause__ or exc.__context__
         text = f"{exc} {root!r}"

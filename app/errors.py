@@ -6,7 +6,10 @@
     ├── PermissionDenied          403     permission_error / model_not_allowed
     ├── NotFound                  404     invalid_request_error / not_found
     │   └── ModelNotFound         404     invalid_request_error / model_not_found
+    ├── MethodNotAllowed          405     invalid_request_error / method_not_allowed
+    ├── Conflict                  409     invalid_request_error / (not_shared)
     ├── PayloadTooLarge           413     invalid_request_error / request_too_large
+    ├── HeadersTooLarge           431     invalid_request_error / headers_too_large
     ├── RateLimited               429     rate_limit_error / rate_limit_exceeded
     ├── UpstreamQuotaExhausted    429     insufficient_quota (the upstream balance is empty)
     ├── ServiceUnavailable        503     service_unavailable / (queue_full, queue_timeout,
@@ -14,6 +17,8 @@
     ├── UpstreamFailed            502     upstream_error / upstream_error
     ├── UpstreamTimeout           504     timeout_error / upstream_timeout
     ├── UpstreamRejected          4xx     the upstream's own 4xx, relayed (body scrubbed)
+    ├── FrameworkRefused          4xx     Starlette/FastAPI's own refusal (wrong method on a
+    │                                      FastAPI route...), at the status it chose
     └── InternalError             500     server_error (generic, never any detail)
 
 Each knows its HTTP status, its OpenAI `type`/`code`, whether an SDK retry can help
@@ -107,11 +112,49 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class MethodNotAllowed(GatewayError):
+    """A proxy route asked with another method than POST; says which one is allowed."""
+
+    permanent = True
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+    def __init__(self, method: str, path: str) -> None:
+        super().__init__(f"{method} is not allowed on {path}: use POST", headers={"allow": "POST"})
+
+
+class Conflict(GatewayError):
+    """The request is valid but the gateway's set-up cannot honour it (e.g. a live limit
+    change that would reach one worker only). Not permanent: the set-up can change."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class PayloadTooLarge(GatewayError):
     permanent = True
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class HeadersTooLarge(GatewayError):
+    """Request headers past `server.max_header_bytes` / `server.max_headers`: refused
+    before anything reads the body (httptools sets no bound of its own). It has never
+    carried `x-should-retry`, so it is not marked permanent."""
+
+    status = 431
+    type = "invalid_request_error"
+    code = "headers_too_large"
+
+    def __init__(self, max_bytes: int, max_headers: int) -> None:
+        super().__init__(
+            f"request headers exceed the gateway's limit ({max_bytes} bytes, "
+            f"{max_headers} headers)",
+            headers={"connection": "close"},
+        )
 
 
 class RateLimited(GatewayError):
@@ -158,6 +201,18 @@ class UpstreamRejected(GatewayError):
         self.status = status
         self.raw_body = body
         self.content_type = content_type
+
+
+class FrameworkRefused(GatewayError):
+    """Starlette's or FastAPI's own `HTTPException` other than 404 (a wrong method on a
+    FastAPI route, mostly), translated at the boundary: its status and detail, no code."""
+
+    type = "invalid_request_error"
+    code = None
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
 
 
 class InternalError(GatewayError):

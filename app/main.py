@@ -24,7 +24,7 @@ from app.api.proxy import ROUTES, ProxyRoutes
 from app.gateway import Gateway, TransportFactory
 from app.metrics import Metrics, new_registry
 from app.runtime import Runtime
-from app.server import lifecycle_signals, tune_gc
+from app.signals import lifecycle_signals, tune_gc
 
 
 def create_app(

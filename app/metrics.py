@@ -257,13 +257,6 @@ class Metrics:
     def record_ttft(self, domain: str, model: str | None, seconds: float) -> None:
         self._child(self.ttft, domain, self.model_label(model)).observe(seconds)
 
-    def record_usage(self, key: str, model: str | None, prompt: int, completion: int) -> None:
-        m = self.model_label(model)
-        if prompt:
-            self._child(self.tokens, key, m, "prompt").inc(prompt)
-        if completion:
-            self._child(self.tokens, key, m, "completion").inc(completion)
-
     def record_failed_usage(
         self, key: str, model: str | None, prompt: int, completion: int
     ) -> None:

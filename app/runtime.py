@@ -63,9 +63,6 @@ class Runtime:
     source: str = ""
     files: tuple[str, str] | None = None  # (config.toml, settings.json) for reloads
 
-    def domain(self, name: str) -> DomainSpec:
-        return next(d for d in self.domains if d.name == name)
-
     @property
     def default_model(self) -> str | None:
         return self.settings.model_route.default

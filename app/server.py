@@ -8,20 +8,15 @@ closes the gateway and the process exits 0.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import gc
 import logging
 import signal
-import threading
-from collections.abc import Callable, Iterator
-from types import FrameType
 from typing import Any
 
 import uvicorn
 
 from app.bootstrap import setup_process
 from app.runtime import Runtime
+from app.signals import exit_cleanly
 
 log = logging.getLogger("tokengate.server")
 
@@ -56,7 +51,7 @@ def run_server(runtime: Runtime, host: str, port: int, *, workers: int = 1) -> i
         server = uvicorn.Server(_config(app, runtime, host, port, 1))
         # uvicorn re-raises the SIGTERM it captured once shutdown is done; a completed
         # drain is a clean exit, so that re-raised signal ends the process with 0.
-        signal.signal(signal.SIGTERM, _exit_cleanly)
+        signal.signal(signal.SIGTERM, exit_cleanly)
         try:
             server.run()
         except SystemExit as done:
@@ -96,50 +91,3 @@ def _supervisor(runtime: Runtime) -> Any:
                     mark_process_dead(pid)  # drop its live gauges from the aggregate
 
     return Supervisor
-
-
-def tune_gc() -> None:
-    """After start-up, freeze what is alive (imports, config, pools) out of the collector's
-    reach and collect the young generation less often: per-request garbage is short-lived,
-    and full collections over the frozen heap were a measurable share of request CPU."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 50, 100)
-
-
-def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(0)
-
-
-@contextlib.contextmanager
-def lifecycle_signals(
-    begin_drain: Callable[[], None], reload: Callable[[], None], delay: float
-) -> Iterator[None]:
-    """SIGTERM: mark draining, then (after `delay`) hand over to uvicorn's own stop.
-    SIGHUP: reload the configuration files in place."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    loop = asyncio.get_running_loop()
-
-    def forward() -> None:
-        if callable(previous):
-            frame: FrameType | None = None
-            previous(signal.SIGTERM, frame)
-
-    def on_term() -> None:
-        begin_drain()
-        if delay > 0:
-            loop.call_later(delay, forward)
-        else:
-            forward()
-
-    loop.add_signal_handler(signal.SIGTERM, on_term)
-    loop.add_signal_handler(signal.SIGHUP, reload)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import GatewayDep
-from app.errors import AuthenticationFailed, GatewayError, NotFound
+from app.errors import AuthenticationFailed, Conflict, NotFound
 from app.gateway import Gateway
 
 router = APIRouter(prefix="/admin")
@@ -55,14 +55,12 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
     if key is None:
         raise NotFound(f"no gateway key with alias '{alias}'", param="alias")
     if not gateway.limits_shared and gateway.runtime.workers > 1:
-        err = GatewayError(
+        raise Conflict(
             "with --workers N and no Redis each worker holds its own limits, so a live change "
             "would reach one worker only: set TOKENGATE_REDIS_URL, or edit settings.json and "
             "send SIGHUP",
             code="not_shared",
         )
-        err.status, err.type = 409, "invalid_request_error"
-        raise err
     limits = await gateway.set_key_limits(key, change.requests_per_minute, change.tokens_per_minute)
     return {
         "alias": alias,

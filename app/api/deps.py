@@ -29,8 +29,3 @@ async def _caller(request: Request, gateway: GatewayDep) -> KeySpec:
 
 
 CallerDep = Annotated[KeySpec, Depends(_caller)]
-
-
-def request_id(request: Request) -> str:
-    rid: str = request.scope["state"]["request_id"]
-    return rid

@@ -9,10 +9,10 @@ removes it from its domain queue. The cancellation it caused is absorbed here, n
 reported as an error.
 
 The watcher starts `WATCH_AFTER_SEC` (100 ms) after the body is read, not at once:
-a task per request was 7 % of the gateway's instructions per proxied request
-(callgrind, `make bench`'s static upstream), and short answers end before it would
-start. The price: a client that leaves is noticed up to 100 ms later, and an upstream
-call started meanwhile is cancelled then. The watcher is a child of the request and
+a task per request was a measurable share of the gateway's instructions per proxied
+request (deploy/BENCHMARKS.md, "Figures behind the design"), and short answers end
+before it would start. The price: a client that leaves is noticed up to 100 ms later,
+and an upstream call started meanwhile is cancelled then. The watcher is a child of the request and
 always ends with it.
 """
 

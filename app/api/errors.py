@@ -15,7 +15,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from app.errors import GatewayError, InternalError, InvalidRequest, NotFound, UpstreamRejected
+from app.errors import (
+    FrameworkRefused,
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    UpstreamRejected,
+)
 
 log = logging.getLogger("tokengate.errors")
 
@@ -65,9 +72,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         return render(NotFound(f"Unknown request URL: {request.method} {request.url.path}"))
-    err = GatewayError(str(exc.detail), code=None)
-    err.status, err.type = exc.status_code, "invalid_request_error"
-    return render(err)
+    return render(FrameworkRefused(exc.status_code, str(exc.detail)))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -15,6 +15,9 @@ from random import getrandbits
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.errors import render
+from app.errors import HeadersTooLarge
+
 _SAFE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -49,7 +52,9 @@ class RequestContext:
                 rid = value.decode()
         if size > self.max_header_bytes or len(scope["headers"]) > self.max_headers:
             # httptools sets no bound of its own; headers must not bypass the body limit
-            await _too_large_headers(send, self.max_header_bytes, self.max_headers)
+            response = render(HeadersTooLarge(self.max_header_bytes, self.max_headers))
+            response.headers["x-request-id"] = new_request_id()
+            await response(scope, receive, send)
             return
         rid = rid or new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
@@ -62,18 +67,3 @@ class RequestContext:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
-
-
-async def _too_large_headers(send: Send, limit: int, count: int) -> None:
-    body = (
-        b'{"error":{"message":"request headers exceed the gateway\'s limit ('
-        + f"{limit} bytes, {count} headers".encode()
-        + b')","type":"invalid_request_error","param":null,"code":"headers_too_large"}}'
-    )
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"connection", b"close"),
-        (b"x-request-id", new_request_id().encode()),
-    ]
-    await send({"type": "http.response.start", "status": 431, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -2,11 +2,12 @@
 
 `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/messages` are
 answered here, in front of FastAPI, because FastAPI's per-request machinery (request
-object, dependency solving, exception middleware) cost about a fifth of the gateway's
-CPU per proxied request when measured (README, "Benchmarks"). Everything else falls
-through to the FastAPI app. The route is still a translator: raw ASGI in, `ProxyCall`
-to the pipeline, its answer out; errors use the same renderer as every other route.
-Their OpenAPI description is added in `app.main` so schema-driven clients still see them.
+object, dependency solving, exception middleware) was a large share of the gateway's
+CPU per proxied request (figures: deploy/BENCHMARKS.md, "Figures behind the design").
+Everything else falls through to the FastAPI app. The route is still a translator: raw
+ASGI in, `ProxyCall` to the pipeline, its answer out; errors use the same renderer as
+every other route. Their OpenAPI description is added in `app.main` so schema-driven
+clients still see them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.api.body import ClientGone, read_body
 from app.api.errors import render
 from app.api.responses import SseResponse, send_json
-from app.errors import GatewayError, InternalError
+from app.errors import GatewayError, InternalError, MethodNotAllowed
 from app.gateway import Gateway
 from app.proxy.answer import Answer, JsonAnswer
 from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
@@ -41,10 +42,12 @@ class ProxyRoutes:
         if endpoint is None:
             await self.app(scope, receive, send)
             return
-        if scope["method"] != "POST":
-            await _method_not_allowed(scope, receive, send)
-            return
         response: Response
+        if scope["method"] != "POST":
+            # OpenAI's body on every path, /v1/messages included (as it always was)
+            response = render(MethodNotAllowed(scope["method"], scope["path"]))
+            await response(scope, receive, send)
+            return
         try:
             answer = await self._answer(endpoint, scope, receive)
         except GatewayError as exc:
@@ -75,13 +78,3 @@ class ProxyRoutes:
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
         return await gateway.proxy.handle(call)
-
-
-async def _method_not_allowed(scope: Scope, receive: Receive, send: Send) -> None:
-    err = GatewayError(
-        f"{scope['method']} is not allowed on {scope['path']}: use POST", code="method_not_allowed"
-    )
-    err.status, err.type, err.permanent = 405, "invalid_request_error", True
-    response = render(err)
-    response.headers["allow"] = "POST"
-    await response(scope, receive, send)

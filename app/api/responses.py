@@ -13,13 +13,9 @@ from starlette.types import Receive, Scope, Send
 from app.proxy.answer import JsonAnswer, StreamAnswer
 
 
-def json_response(answer: JsonAnswer) -> Response:
-    return Response(answer.body, answer.status, answer.headers, media_type=answer.content_type)
-
-
 async def send_json(answer: JsonAnswer, send: Send) -> None:
-    """`json_response(answer)` sent straight as the two ASGI messages: the proxy's hot
-    path skips building a Response object and its header normalisation."""
+    """A JSON answer sent straight as the two ASGI messages: the proxy's hot path skips
+    building a Response object and its header normalisation."""
     headers = [
         (b"content-type", answer.content_type.encode("latin-1")),
         (b"content-length", str(len(answer.body)).encode()),

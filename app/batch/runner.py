@@ -202,7 +202,7 @@ def _json(raw: bytes) -> Any:
 def _validated(
     item: Item, answer: JsonAnswer, request_id: str, endpoint: Endpoint
 ) -> tuple[str, dict[str, Any]]:
-    """003 §5: check each sub-task's status and output before recording it done."""
+    """Check each sub-task's status and output before recording it done (docs/design.md)."""
     body = _json(answer.body)
     response = {"status_code": answer.status, "request_id": request_id, "body": body}
     listing = "data" if endpoint is EMBEDDINGS else "choices"

@@ -7,8 +7,9 @@ nothing. Settling may push a bucket below zero (the answer used more than was
 reserved): the debt is repaid by refill before the next admission, bounded at one
 capacity so a single bad estimate cannot lock a key out for longer than a minute.
 
-The same rules are implemented in `token_bucket.lua` for Redis; the unit tests run
-the same table of cases against both.
+The same rules are implemented in `token_bucket.lua` for Redis;
+`tests/e2e/test_bucket_parity.py` runs one table of cases against both (the script on
+a real redis-server).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The usage ledger: per key and model, requests, errors and tokens, persisted.
 
-003 asks that failures be recorded with what they consumed, so a row keeps the
-tokens of failed attempts apart from billed usage. In-process, totals accumulate in
-memory and pending deltas are added to SQLite every `flush_interval_sec` and at
-shutdown (`INSERT ... ON CONFLICT DO UPDATE SET n = n + excluded.n`), so several
-workers and successive restarts add up in one file instead of overwriting it.
+Failures are recorded with what they consumed (docs/design.md, "What the second
+article adds"), so a row keeps the tokens of failed attempts apart from billed usage.
+In-process, totals accumulate in memory and pending deltas are added to SQLite every
+`flush_interval_sec` and at shutdown (`INSERT ... ON CONFLICT DO UPDATE SET n = n +
+excluded.n`), so several workers and successive restarts add up in one file instead
+of overwriting it.
 """
 
 from __future__ import annotations

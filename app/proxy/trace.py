@@ -1,4 +1,4 @@
-"""What happened to one request: the task-ID map of 003 and the source of its log line.
+"""What happened to one request: its task-ID map (docs/design.md) and its log line.
 
 Every upstream attempt is recorded (number, domain, model, outcome, milliseconds), so
 a retry or fallback can always be traced back to the request and input it served.

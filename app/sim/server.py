@@ -28,22 +28,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from app.sim import shapes
+from app.sim.errors import SimError
 from app.sim.knobs import Faults, SimKnobs
 from app.sim.quota import Quota
-
-
-class SimError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.code = status, message, kind, code
-        self.headers = headers or {}
 
 
 class Sim:

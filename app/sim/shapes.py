@@ -12,14 +12,13 @@ from typing import Any
 import orjson
 
 from app.sim import text
+from app.sim.errors import SimError
 from app.sim.knobs import SimKnobs
 
 _VALID = "invalid_request_error"
 
 
-def _bad(message: str) -> Exception:
-    from app.sim.server import SimError
-
+def _bad(message: str) -> SimError:
     return SimError(400, message, _VALID)
 
 

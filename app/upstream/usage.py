@@ -1,8 +1,8 @@
 """Token usage reported by the upstream in a non-streaming answer.
 
 Every answer must carry usage (the ledger depends on it). A 200 whose body is not a
-JSON object is not an answer: it fails the attempt (`bad_response`, retryable), as
-003 asks that each sub-task's output be validated before it is billed.
+JSON object is not an answer: it fails the attempt (`bad_response`, retryable), since
+each sub-task's output is validated before it is billed (docs/design.md).
 """
 
 from __future__ import annotations

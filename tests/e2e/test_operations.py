@@ -98,7 +98,7 @@ def _wait_for(check: Callable[[], bool], timeout: float = 20) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
 async def test_sighup_reload_picks_up_keys_without_dropping_requests(
     sim: Sim, make_gateway: Make, workers: int
 ) -> None:
@@ -140,6 +140,7 @@ def _requests_total(metrics: str) -> float:
     )
 
 
+@pytest.mark.slow
 async def test_two_workers_metrics_sum_both(sim: Sim, make_gateway: Make) -> None:
     gw = make_gateway(GatewaySpec(args=["--workers", "2"]), sim.url)
 

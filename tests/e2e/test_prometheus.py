@@ -248,6 +248,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
 
 
+@pytest.mark.slow
 def test_prometheus_scrapes_the_gateway_and_counts_every_request(stack: Stack) -> None:
     assert exposed_requests(stack.gateway) == stack.sent
     total = eventually(
@@ -286,6 +287,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> None:
     queries = dashboard_queries()
     assert len(queries) > 20
@@ -307,6 +309,7 @@ def alert_names() -> set[str]:
     return {r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r}
 
 
+@pytest.mark.slow
 def test_shipped_rules_evaluate_on_live_data_and_only_the_provoked_alert_is_active(
     stack: Stack,
 ) -> None:
@@ -331,6 +334,7 @@ def test_shipped_rules_evaluate_on_live_data_and_only_the_provoked_alert_is_acti
 # -- what the alerts and the dashboard rely on ------------------------------------------
 
 
+@pytest.mark.slow
 def test_redis_up_is_not_exposed_without_redis(stack: Stack) -> None:
     # app/metrics.py documents tokengate_redis_up as "absent without Redis": a 0 there
     # would page TokengateRedisDown on every deployment that runs without Redis.
@@ -340,6 +344,7 @@ def test_redis_up_is_not_exposed_without_redis(stack: Stack) -> None:
     assert samples == []
 
 
+@pytest.mark.slow
 def test_time_to_first_token_is_labelled_with_the_served_model(stack: Stack) -> None:
     # The dashboard's "TTFT p99 by model" panel groups by this label.
     models = {

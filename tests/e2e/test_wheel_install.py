@@ -114,6 +114,7 @@ def _image_env(root: Path, sim: Sim, port: int) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_serves(tmp_path: Path, sim: Sim) -> None:
     venv = _build_and_install(tmp_path)
     bin_dir = venv / "bin"

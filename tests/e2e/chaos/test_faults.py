@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import pytest
 
 from app.limits.estimate import TextCounter, chat_prompt_tokens
 from tests.e2e.chaos._support import (
@@ -242,6 +243,7 @@ async def _steady_load(gw: Gateway, stop: asyncio.Event, workers: int = 6) -> Ta
     return tally
 
 
+@pytest.mark.slow
 async def test_upstream_killed_and_restarted_on_the_same_port(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:

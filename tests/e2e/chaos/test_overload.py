@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import pytest
+
 from tests.e2e.chaos._support import (
     ADMIN,
     Make,
@@ -32,6 +34,7 @@ BURST = 200
 RSS_TOLERANCE = 0.20
 
 
+@pytest.mark.slow
 async def test_ten_times_capacity_gets_answers_or_clear_refusals(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -72,6 +73,7 @@ def fuzz_one(
     return check  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_every_operation_of_the_openapi_schema_never_answers_5xx(
     sim: Sim, make_gateway: Make
 ) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.e2e.chaos._support import (
     ADMIN,
@@ -96,6 +97,7 @@ async def run(gw: Gateway, start: int, count: int) -> Tally:
     return tally
 
 
+@pytest.mark.slow
 async def test_soak_50k_mixed_requests_leaks_nothing(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:

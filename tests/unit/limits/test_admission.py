@@ -8,18 +8,11 @@ from app.limits.ledger import LocalLedger, UsageEntry
 from app.limits.store import MemoryStore
 from app.metrics import Metrics, new_registry
 from app.runtime import KeySpec
+from tests.support.clock import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def admission(divisor: int = 1) -> tuple[Admission, Clock]:
-    clock = Clock()
+def admission(divisor: int = 1) -> tuple[Admission, FakeClock]:
+    clock = FakeClock()
     store = MemoryStore(LocalLedger(path=None), clock)
     return Admission(store, Metrics(new_registry()), divisor=divisor), clock
 

@@ -25,7 +25,7 @@ RULE_TESTS = PROM / "tests" / "tokengate.rules.test.yml"
 RUNBOOK = PROM / "RUNBOOK.md"
 DASHBOARD = ROOT / "deploy" / "grafana" / "tokengate-dashboard.json"
 METRIC = re.compile(r"\btokengate_[a-z0-9_]+\b")
-# What CONTRACT.md "Metrics" promises; the dashboard must show each of them.
+# What docs/contract.md "Metrics" promises; the dashboard must show each of them.
 CONTRACT = {
     "tokengate_requests_total",
     "tokengate_tokens_total",

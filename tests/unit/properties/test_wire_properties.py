@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.api.wire import parse_call
 from app.errors import InvalidRequest
 from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint, ProxyCall
+from app.proxy.wire import parse_call
 from app.runtime import KeySpec
 from tests.unit.properties.strategies import json_values, request_like
 

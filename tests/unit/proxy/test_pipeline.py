@@ -5,21 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from app.config.schema import Settings
 from app.errors import UpstreamRejected
 from app.gateway import Gateway
-from app.metrics import Metrics, new_registry
 from app.proxy.answer import JsonAnswer, StreamAnswer
 from app.proxy.call import CHAT
 from app.proxy.wire import parse_call
-from app.runtime import compile_runtime
-from app.upstream.client import HttpxTransport, Timeouts
+from tests.support.inproc import Handler, MakeGateway
 
 CHAT_OK = {
     "id": "c",
@@ -28,42 +24,17 @@ CHAT_OK = {
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
     "usage": {"prompt_tokens": 3, "completion_tokens": 1},
 }
-Handler = Callable[[httpx.Request], httpx.Response]
+PIPELINE = {
+    "model_aliases": {"m": "m-1"},
+    "model_route": {"default": "m"},
+    "retry_policy": {"max_attempts": 3, "backoff_ms": 1},
+    "scale_up": {"models": ["m-1"]},
+}
 
 
 @pytest.fixture
-async def make(tmp_path: Path) -> AsyncIterator[Callable[[Handler], Gateway]]:
-    started: list[Gateway] = []
-
-    async def noop() -> None:
-        return None
-
-    def build(handler: Handler) -> Gateway:
-        s = Settings.model_validate(
-            {
-                "health_check": {"enabled": False},
-                "model_aliases": {"m": "m-1"},
-                "model_route": {"default": "m"},
-                "retry_policy": {"max_attempts": 3, "backoff_ms": 1},
-                "scale_up": {"models": ["m-1"]},
-                "ledger": {"path": str(tmp_path / "l.sqlite3")},
-                "batch": {"path": str(tmp_path / "b.sqlite3")},
-            }
-        )
-        rt = compile_runtime(s, {"TAOTOKEN_API_KEY": "sk-upstream"}, no_auth=True)
-        gw = Gateway(
-            rt,
-            Metrics(new_registry()),
-            transport_factory=lambda spec: HttpxTransport(
-                Timeouts(1, 5), 5, 8, transport=httpx.MockTransport(handler)
-            ),
-        )
-        started.append(gw)
-        return gw
-
-    yield build
-    for gw in started:
-        await gw.close()
+def make(make_local_gateway: MakeGateway) -> Callable[[Handler], Gateway]:
+    return lambda handler: make_local_gateway(PIPELINE, handler=handler)
 
 
 async def call(gw: Gateway, body: dict[str, object]) -> JsonAnswer | StreamAnswer:

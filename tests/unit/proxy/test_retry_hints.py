@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from app.config.schema import Settings
 from app.errors import (
     AuthenticationFailed,
     InvalidRequest,
@@ -17,17 +18,17 @@ from app.errors import (
     UpstreamTimeout,
 )
 from app.gateway import Gateway
-from app.metrics import Metrics, new_registry
 from app.proxy.trace import Attempt, Trace
-from app.runtime import compile_runtime
 from app.upstream.attempt import AttemptFailed
+from tests.support.inproc import MakeGateway
 
 
-def proxy(mode: str = "cooperate") -> Gateway:
-    s = Settings.model_validate({"retry_policy": {"client_retries": mode}})
-    return Gateway(
-        compile_runtime(s, {"TAOTOKEN_API_KEY": "k"}, no_auth=True), Metrics(new_registry())
-    )
+@pytest.fixture
+def proxy(make_local_gateway: MakeGateway) -> Callable[..., Gateway]:
+    def build(mode: str = "cooperate") -> Gateway:
+        return make_local_gateway({"retry_policy": {"client_retries": mode}})
+
+    return build
 
 
 def trace(n: int = 3) -> Trace:
@@ -58,7 +59,7 @@ def test_retry_after_never_exceeds_what_the_sdk_honours() -> None:
     ],
 )
 def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
-    failure: AttemptFailed, kind: type, status: int
+    failure: AttemptFailed, kind: type, status: int, proxy: Callable[..., Gateway]
 ) -> None:
     err = proxy().proxy._final_error(failure, trace())
     assert isinstance(err, kind) and err.status == status
@@ -68,7 +69,9 @@ def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
 
 
 @pytest.mark.parametrize("mode", ["cooperate", "client"])
-def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(mode: str) -> None:
+def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(
+    proxy: Callable[..., Gateway], mode: str
+) -> None:
     err = proxy(mode).proxy._final_error(
         AttemptFailed("insufficient_quota", retryable=False, status=429), trace()
     )
@@ -79,7 +82,7 @@ def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(mode: str) -> No
     assert headers["x-should-retry"] == "false" and "retry-after" not in headers
 
 
-def test_relayed_client_errors_are_permanent() -> None:
+def test_relayed_client_errors_are_permanent(proxy: Callable[..., Gateway]) -> None:
     err = proxy().proxy._final_error(
         AttemptFailed("status_4xx", retryable=False, status=422, body=b"{}"), trace(1)
     )

@@ -7,20 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from app.api.responses import SseResponse
-from app.config.schema import Settings
 from app.gateway import Gateway
-from app.metrics import Metrics, new_registry
 from app.proxy.answer import StreamAnswer
 from app.proxy.call import CHAT
 from app.proxy.wire import parse_call
-from app.runtime import compile_runtime
+from tests.support.inproc import MakeGateway
 from tests.unit.upstream.test_pool import CHUNKED_HEAD, Peer, Upstream, chunked, within
 
 EVENTS = [
@@ -33,24 +30,16 @@ Messages = list[dict[str, Any]]
 
 
 @pytest.fixture
-async def relay(tmp_path: Path) -> AsyncIterator[Callable[[Upstream], Any]]:
-    gateways: list[Gateway] = []
-
+def relay(make_local_gateway: MakeGateway) -> Callable[[Upstream], Any]:
     async def run(up: Upstream) -> tuple[Messages, Gateway]:
-        s = Settings.model_validate(
+        gw = make_local_gateway(
             {
-                "health_check": {"enabled": False},
                 "model_route": {"default": "m-1"},
                 "token_scheduler": {"api_base": f"http://127.0.0.1:{up.port}"},
                 "scale_up": {"models": ["m-1"]},
-                "ledger": {"path": str(tmp_path / "l.sqlite3")},
-                "batch": {"path": str(tmp_path / "b.sqlite3")},
-            }
+            },
+            upstream_key="sk-up",
         )
-        gw = Gateway(
-            compile_runtime(s, {"TAOTOKEN_API_KEY": "sk-up"}, no_auth=True), Metrics(new_registry())
-        )
-        gateways.append(gw)
         await gw.start()
         raw = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
         call = parse_call(CHAT, raw.encode(), gw.keys.anonymous, "req_t", {}, time.perf_counter())
@@ -68,9 +57,7 @@ async def relay(tmp_path: Path) -> AsyncIterator[Callable[[Upstream], Any]]:
         await within(SseResponse(answer)({"type": "http"}, receive, send))
         return [m for m in sent if m["type"] == "http.response.body"], gw
 
-    yield run
-    for gw in gateways:
-        await gw.close()
+    return run
 
 
 def relayed(bodies: Messages) -> bytes:

@@ -1,18 +1,14 @@
 from __future__ import annotations
 
+import json
+
 from app.config.schema import BreakerConfig
-from app.upstream.breaker import Breaker
+from app.upstream.breaker import Breaker, BreakerState
+from tests.support.clock import FakeClock
 
 
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def breaker(**cfg: object) -> tuple[Breaker, Clock]:
-    clock = Clock()
+def breaker(**cfg: object) -> tuple[Breaker, FakeClock]:
+    clock = FakeClock()
     return Breaker(BreakerConfig.model_validate({"open_sec": 10, **cfg}), clock), clock
 
 
@@ -76,3 +72,10 @@ def test_failed_probe_reopens() -> None:
     assert b.is_open
     clock.now = 15.0
     assert not b.allows()
+
+
+def test_states_are_plain_strings_on_the_wire() -> None:
+    b, _ = breaker(failure_threshold=1)
+    assert b.state is BreakerState.CLOSED and json.dumps({"b": b.state}) == '{"b": "closed"}'
+    b.record(False)
+    assert b.state == "open" and f"{b.state}" == "open"

@@ -7,19 +7,13 @@ import pytest
 from app.upstream.attempt import AttemptFailed, parse_retry_after, status_failure
 from app.upstream.budget import RetryBudget
 from app.upstream.retry import RetrySpec, backoff_wait, call_with_retries
+from tests.support.clock import FakeClock
 
 SPEC = RetrySpec(attempts=3, backoff=0.0001, max_backoff=0.0002, max_retry_after=1.0)
 
 
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def budget(min_retries: int = 100, ratio: float = 1.0) -> RetryBudget:
-    return RetryBudget(ratio, 10, min_retries, clock=Clock())
+    return RetryBudget(ratio, 10, min_retries, clock=FakeClock())
 
 
 async def run(
@@ -132,8 +126,7 @@ def test_retry_after_headers_ms_first() -> None:
     assert parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
 
 
-def test_budget_allows_a_ratio_of_recent_requests() -> None:
-    clock = Clock()
+def test_budget_allows_a_ratio_of_recent_requests(clock: FakeClock) -> None:
     b = RetryBudget(0.2, 10, 1, clock=clock)
     for _ in range(10):
         b.record_request()

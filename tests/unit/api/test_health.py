@@ -1,0 +1,42 @@
+"""`/health`, `/health/ready` and `/metrics`: what orchestrators and scrapers read."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.support.inproc import MakeClient, gateway_of
+
+
+async def test_liveness_is_a_fixed_body(client: httpx.AsyncClient) -> None:
+    r = await client.get("/health")
+    assert r.status_code == 200 and r.content == b'{"status":"ok"}'
+
+
+async def test_readiness_lists_each_domain_with_its_breaker(client: httpx.AsyncClient) -> None:
+    r = await client.get("/health/ready")
+    assert r.status_code == 200
+    assert r.content == (
+        b'{"status":"ready","domains":{"default":{"state":"unknown","breaker":"closed",'
+        b'"api_base":"https://taotoken.net/api","models":null,"queue_depth":0,"inflight":0,'
+        b'"max_inflight":64,"pace":{"shared":false,"requests_per_sec":null,"learned":false,'
+        b'"cooldown_sec":0.0},"last_probe":null}},"routes":{"unresolved":[],"unverified":[]}}'
+    )
+
+
+async def test_readiness_is_503_once_every_domain_is_unavailable(
+    make_client: MakeClient,
+) -> None:
+    client = await make_client({"breaker": {"failure_threshold": 1}})
+    for domain in gateway_of(client).domains:
+        domain.breaker.record(False)
+    r = await client.get("/health/ready")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "unavailable"
+    assert body["domains"]["default"]["breaker"] == "open"
+
+
+async def test_metrics_are_prometheus_text(client: httpx.AsyncClient) -> None:
+    r = await client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert "tokengate_queue_depth" in r.text

@@ -1,0 +1,110 @@
+"""The log redactor: no secret reaches a handler, whatever shape it takes in a record."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.config.errors import ConfigError
+from app.config.schema import LoggingConfig
+from app.log import JsonFormatter, Redactor, setup_logging
+
+
+def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
+    rec = logging.makeLogRecord({"name": "tokengate.t", "msg": msg, "args": args or None})
+    rec.__dict__.update(extra)
+    return rec
+
+
+def through(redactor: Redactor, rec: logging.LogRecord) -> dict[str, object]:
+    assert redactor.filter(rec) is True  # redacts, never drops
+    out: dict[str, object] = json.loads(JsonFormatter().format(rec))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("text", "scrubbed"),
+    [
+        ("upstream key upstream-secret-42 refused", "upstream key *** refused"),
+        ("Authorization: Bearer abcdef123456", "Authorization: Bearer ***"),
+        ("client sent sk-proj_0123456789abc", "client sent ***"),
+        ("gateway key tg-ABCDEFGH1234", "gateway key ***"),
+        ("sk-short and bearer abc stay", "sk-short and bearer abc stay"),  # too short to be keys
+    ],
+)
+def test_registered_secrets_and_key_shapes_become_stars(text: str, scrubbed: str) -> None:
+    assert Redactor(["upstream-secret-42"]).scrub(text) == scrubbed
+
+
+def test_secrets_shorter_than_four_characters_are_not_registered() -> None:
+    redactor = Redactor(["abc"])
+    redactor.add("xy")
+    assert redactor.secrets == set()
+    redactor.add("long-enough")
+    assert redactor.scrub("a long-enough b") == "a *** b"
+
+
+def test_arguments_are_formatted_before_scrubbing() -> None:
+    out = through(Redactor(["hunter2-secret"]), record("key=%s user=%s", "hunter2-secret", "bo"))
+    assert out["msg"] == "key=*** user=bo"
+
+
+def test_tracebacks_and_structured_fields_are_scrubbed() -> None:
+    try:
+        raise ValueError("failed with sk-live-0123456789abcdef")
+    except ValueError as exc:
+        rec = record("boom", fields={"key": "sk-live-0123456789abcdef", "n": 3})
+        rec.exc_info = (type(exc), exc, exc.__traceback__)
+    out = through(Redactor(), rec)
+    assert "sk-live" not in json.dumps(out)
+    assert (
+        out["key"] == "***" and out["n"] == 3 and "ValueError: failed with ***" in str(out["exc"])
+    )
+
+
+def test_a_missing_log_directory_is_a_config_error(tmp_path: Path) -> None:
+    cfg = LoggingConfig.model_validate({"output": str(tmp_path / "nowhere" / "gw.log")})
+    with pytest.raises(ConfigError) as err:
+        setup_logging(cfg, [], "config.toml")
+    assert "logging.output" in err.value.render()
+
+
+@pytest.fixture
+def loggers() -> Iterator[None]:
+    """`setup_logging` rewires the process's loggers: put them back after the test."""
+    names = ("tokengate", "uvicorn", "uvicorn.error", "uvicorn.access")
+    saved = {
+        n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate) for n in names
+    }
+    level, disabled = (
+        logging.getLogger("tokengate").level,
+        logging.getLogger("uvicorn.access").disabled,
+    )
+    yield
+    for name, (handlers, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers, logger.propagate = handlers, propagate
+    logging.getLogger("tokengate").setLevel(level)
+    logging.getLogger("uvicorn.access").disabled = disabled
+
+
+@pytest.mark.usefixtures("loggers")
+def test_the_file_handler_writes_redacted_json_lines(tmp_path: Path) -> None:
+    path = tmp_path / "gw.log"
+    cfg = LoggingConfig.model_validate({"output": str(path), "level": "info"})
+    setup_logging(cfg, ["upstream-secret-42"], "config.toml")
+    logger = logging.getLogger("tokengate.test")
+    logger.info("calling with upstream-secret-42", extra={"fields": {"domain": "d"}})
+    for handler in logging.getLogger("tokengate").handlers:
+        handler.flush()
+    (line,) = path.read_text().splitlines()
+    out = json.loads(line)
+    assert out["msg"] == "calling with ***" and out["domain"] == "d"
+    assert out["level"] == "info" and out["logger"] == "tokengate.test"
