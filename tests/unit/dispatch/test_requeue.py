@@ -1,0 +1,149 @@
+"""A request the upstream refused with 429 goes back to the head of its class, its key
+refunded, and waits out the domain's cool-down (queue in isolation, then the
+dispatcher on a real event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.job import Job
+from app.dispatch.queue import DomainQueue
+from app.errors import ServiceUnavailable
+from app.limits.pacing import LocalPacer, PaceState, Throttle
+from app.metrics import Metrics, new_registry
+
+
+def job(key: str, priority: str = "normal", cost: int = 100) -> Job:
+    return Job(key, priority, cost, 0.0, granted=asyncio.get_running_loop().create_future())
+
+
+def keys(q: DomainQueue, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        popped = q.pop()
+        assert popped is not None
+        out.append(popped.key)
+    return out
+
+
+async def test_a_requeued_job_goes_next_and_its_key_keeps_its_fair_share() -> None:
+    q = DomainQueue(100)
+    for _ in range(4):
+        q.push(job("a"))
+        q.push(job("b"))
+    first = q.pop()
+    assert first is not None and first.key == "a"
+    q.push_front(first)  # the upstream said 429
+    # a goes again at once, and is not charged twice: a and b still alternate.
+    assert keys(q, 8) == ["a", "b", "a", "b", "a", "b", "a", "b"]
+
+
+async def test_without_the_refund_the_key_would_lose_turns() -> None:
+    # The control for the test above: a job pushed back as a new arrival waits its turn.
+    q = DomainQueue(100)
+    for _ in range(4):
+        q.push(job("a"))
+        q.push(job("b"))
+    first = q.pop()
+    assert first is not None
+    q.push(first)
+    assert keys(q, 3) == ["b", "a", "b"]
+
+
+async def test_a_requeued_job_keeps_its_class_and_ignores_capacity() -> None:
+    q = DomainQueue(1)
+    low = job("l", "low")
+    q.push(low)
+    popped = q.pop()
+    assert popped is low
+    high = job("h", "high")
+    assert q.push(high)
+    assert not q.push(job("x"))  # full
+    q.push_front(low)  # admitted already: a requeue never fails
+    assert len(q) == 2
+    assert keys(q, 2) == ["h", "l"]  # the higher class still goes first
+
+
+async def test_a_cancelled_requeued_job_is_skipped() -> None:
+    q = DomainQueue(10)
+    a, b = job("a"), job("b")
+    q.push(a)
+    q.push(b)
+    popped = q.pop()
+    assert popped is a
+    q.push_front(a)
+    q.cancel(a)
+    assert len(q) == 1 and keys(q, 1) == ["b"] and q.pop() is None
+
+
+def dispatcher(pacer: LocalPacer, max_wait_ms: int = 5000) -> Dispatcher:
+    d = Dispatcher(
+        "d",
+        batch_size=4,
+        batch_window_ms=0,
+        queue_capacity=100,
+        max_queue_wait_ms=max_wait_ms,
+        max_inflight=4,
+        pacer=pacer,
+        metrics=Metrics(new_registry()),
+    )
+    d.start()
+    return d
+
+
+async def test_requeued_requests_wait_for_the_cool_down_and_go_before_newcomers() -> None:
+    pacer = LocalPacer(PaceState(None, None, 1.0))
+    d = dispatcher(pacer)
+    loop = asyncio.get_running_loop()
+    slot = await d.acquire("a", "normal", 1)
+    await pacer.throttled(Throttle(0.2, slot.sent_at))
+    started = loop.time()
+    again = asyncio.ensure_future(d.requeue(slot))
+    newcomer = asyncio.ensure_future(d.acquire("b", "normal", 1))
+    await asyncio.sleep(0.05)
+    assert not again.done() and not newcomer.done()  # cooling: nobody goes, no fast path
+    order: list[str] = []
+    again.add_done_callback(lambda _: order.append("requeued"))
+    newcomer.add_done_callback(lambda _: order.append("newcomer"))
+    first = await again
+    second = await newcomer
+    assert loop.time() - started >= 0.19
+    assert order == ["requeued", "newcomer"]
+    first.release()
+    second.release()
+    await d.stop()
+
+
+async def test_the_queue_wait_counts_from_the_first_arrival() -> None:
+    pacer = LocalPacer(PaceState(None, None, 1.0))
+    d = dispatcher(pacer, max_wait_ms=300)
+    slot = await d.acquire("a", "normal", 1)
+    await asyncio.sleep(0.2)
+    await pacer.throttled(Throttle(0.25, slot.sent_at))  # ends within 0.3 s of the start?
+    with pytest.raises(ServiceUnavailable) as refused:
+        await d.requeue(slot)  # 0.2 + 0.25 > 0.3: no use waiting
+    assert refused.value.code == "upstream_rate_limited"
+    await d.stop()
+
+
+async def test_only_max_queue_wait_ends_a_requeued_wait() -> None:
+    pacer = LocalPacer(PaceState(None, None, 1.0))
+    d = dispatcher(pacer, max_wait_ms=300)
+    slot2 = await d.acquire("b", "normal", 1)
+    await pacer.throttled(Throttle(0.05, slot2.sent_at))
+    with pytest.raises(ServiceUnavailable) as expired:
+        # Fits the deadline, but the domain cools down again and again meanwhile.
+        await asyncio.gather(d.requeue(slot2), _keep_cooling(pacer, 0.6))
+    assert expired.value.code == "queue_timeout"
+    await d.stop()
+
+
+async def _keep_cooling(pacer: LocalPacer, seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        pacer.state._cool(pacer.now() + 0.1)
+        await asyncio.sleep(0.05)
