@@ -268,6 +268,29 @@ def _admission(r: Results) -> list[str]:
     return [*out, *_table(header, rows), "", *[f"- {n}" for n in a.get("notes", [])], ""]
 
 
+def _throttle(r: Results) -> list[str]:
+    t = r.get("throttle")
+    if not t:
+        return []
+    lines = [
+        "## Scenario throttle: 160 requests at 50/s against 10 per 1-s window",
+        "",
+        "| case | goodput | refused | upstream 429s | Jain (half / all) | makespan | x optimum |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case, row in t.get("cases", {}).items():
+        if "error" in row:
+            lines.append(f"| {case} | error: {row['error']} | | | | | |")
+            continue
+        refused = ", ".join(f"{k}: {v}" for k, v in row["refused"].items()) or "none"
+        lines.append(
+            f"| {case} | {row['goodput']:.3f} | {refused} | {row['upstream_429']} "
+            f"({row['upstream_429_share']:.1%}) | {row['jain_at_half']:.4f} / {row['jain']:.4f} "
+            f"| {row['makespan_s']:.2f} s | {row['makespan_x_optimum']:.3f} |"
+        )
+    return [*lines, ""]
+
+
 def render(results: Results) -> str:
     targets = evaluate(results)
     parts = [
@@ -277,6 +300,7 @@ def render(results: Results) -> str:
         _static(results, "sse", "Scenario static: streaming (SSE), static nginx upstream"),
         _sim(results),
         _quota(results),
+        _throttle(results),
         _admission(results),
     ]
     errors = results.get("errors", [])

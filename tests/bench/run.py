@@ -7,7 +7,10 @@ Scenarios, in order (each one's failure is recorded and the next one still runs)
 2. sim: added latency and time to first token at c=1 in front of `tokengate sim`
    with a model-like pace (`latency.py`);
 3. quota: 5x oversubscribed burst against a quota-enforcing sim (`quota.py`);
-4. admission: cost of one per-key admission, memory vs Redis vs none (`admission.py`).
+4. throttle: a burst against an upstream that quantizes its quota, with the quota
+   configured right, absent, 2x too high, on two replicas sharing Redis, and LiteLLM
+   on the same burst (`throttle.py`);
+5. admission: cost of one per-key admission, memory vs Redis vs none (`admission.py`).
 
 Writes tests/bench/results/<timestamp>/results.{json,md} and latest.{json,md}.
 Everything started is stopped on exit, error or Ctrl-C (process groups; see procs.py).
@@ -33,13 +36,23 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tests.bench import admission, common, latency, quota, report, subjects, targets, throughput
+from tests.bench import (
+    admission,
+    common,
+    latency,
+    quota,
+    report,
+    subjects,
+    targets,
+    throttle,
+    throughput,
+)
 from tests.bench.common import Plan
 from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
 from tests.bench.rss import Sampler
 
 RESULTS = ROOT / "tests" / "bench" / "results"
-SCENARIOS = ("static", "sim", "quota", "admission")
+SCENARIOS = ("static", "sim", "quota", "throttle", "admission")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -180,10 +193,20 @@ def _measure(
         def quota_() -> None:
             results["quota"] = quota.run(tmp / "quota")
 
+        def throttle_() -> None:
+            cases = tuple(c for c in throttle.CASES if litellm or c != "litellm")
+            results["throttle"] = throttle.run(tmp / "throttle", cases)
+
         def admission_() -> None:
             results["admission"] = admission.run(group)
 
-        steps = {"static": static, "sim": sim, "quota": quota_, "admission": admission_}
+        steps = {
+            "static": static,
+            "sim": sim,
+            "quota": quota_,
+            "throttle": throttle_,
+            "admission": admission_,
+        }
         for name in SCENARIOS:
             if name in only:
                 _scenario(results, name, started, args.budget, steps[name])

@@ -168,7 +168,70 @@ def _rss(r: Results) -> list[Target]:
     ]
 
 
-CHECKS: tuple[Callable[[Results], list[Target]], ...] = (_throughput, _latency, _rss)
+def _throttle(r: Results) -> list[Target]:
+    """Issue 17's targets on the throttle scenario's cases (see throttle.py)."""
+    cases = r.get("throttle", {}).get("cases", {})
+
+    def value(case: str, field: str) -> float | None:
+        row = cases.get(case) or {}
+        return None if "error" in row or field not in row else float(row[field])
+
+    gateway = ("correct", "absent", "too_high", "replicas")
+    learned = ("absent", "too_high")
+    out = [
+        Target(
+            f"throttle_goodput_{c}",
+            f"goodput >= 0.98 with the quota {c.replace('_', ' ')}",
+            value(c, "goodput"),
+            0.98,
+            True,
+            f"{_fmt(value(c, 'goodput'))} of {cases.get(c, {}).get('offered', '?')} offered",
+        )
+        for c in gateway
+    ]
+    out += [
+        Target(
+            f"throttle_429_{c}",
+            f"upstream 429s {'= 0' if c in ('correct', 'replicas') else '<= 10 % of offered'} "
+            f"with the quota {c.replace('_', ' ')}",
+            value(c, "upstream_429_share"),
+            0.0 if c in ("correct", "replicas") else 0.10,
+            False,
+            f"{_fmt(value(c, 'upstream_429'))} upstream 429s",
+        )
+        for c in gateway
+    ]
+    out += [
+        Target(
+            f"throttle_jain_{c}",
+            f"Jain's index across equal keys >= 0.99 ({c.replace('_', ' ')})",
+            value(c, "jain_at_half"),
+            0.99,
+            True,
+            f"at half the makespan; {_fmt(value(c, 'jain'))} over the whole run",
+        )
+        for c in gateway
+    ]
+    out += [
+        Target(
+            f"throttle_makespan_{c}",
+            f"makespan <= {1.5 if c in learned else 1.25}x the optimum ({c.replace('_', ' ')})",
+            value(c, "makespan_x_optimum"),
+            1.5 if c in learned else 1.25,
+            False,
+            f"{_fmt(value(c, 'makespan_s'), ' s')} vs {_fmt(value(c, 'optimum_s'), ' s')}",
+        )
+        for c in gateway
+    ]
+    return out
+
+
+CHECKS: tuple[Callable[[Results], list[Target]], ...] = (
+    _throughput,
+    _latency,
+    _rss,
+    _throttle,
+)
 
 
 def evaluate(results: Results) -> list[Target]:
