@@ -130,8 +130,7 @@ elseif op == 'throttled' then
   if wait_ms >= 0 then
     wait = wait_ms / 1000
   else
-    local close = now - s.episode_at < 2 * s.backoff + FIRST_BACKOFF
-    if close and s.backoff > 0 then
+    if accepted <= 0 and s.backoff > 0 then
       s.backoff = math.min(MAX_BACKOFF, 2 * s.backoff)
     else
       s.backoff = FIRST_BACKOFF

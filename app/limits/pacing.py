@@ -13,7 +13,8 @@ in Redis for every replica at once):
   request sent before the episode's cool-down ended belongs to the same episode
   and changes nothing but the cool-down, so a burst of in-flight 429s is one step.
 - **Cool-down**. Nothing is sent until it ends: the upstream's `retry-after-ms` /
-  `retry-after` / `x-ratelimit-reset-*`, else 1 s doubling per back-to-back episode.
+  `retry-after` / `x-ratelimit-reset-*`, else 1 s, doubling while nothing is accepted
+  between episodes.
   `x-ratelimit-remaining-requests: 0` on a success pauses the same way, before any 429.
 - **Spacing** (GCRA, the virtual-scheduling form of a leaky bucket). Any interval of
   `window` seconds holds at most rate x window grants: a burst of `B` (5 % of a
@@ -166,11 +167,11 @@ class PaceState:
         if throttle.wait is not None:
             wait = throttle.wait
         else:
-            # Back-to-back episodes double the wait; a quiet spell starts again from 1 s.
-            close = now - self.episode_at < 2 * self.backoff + FIRST_BACKOFF
-            self.backoff = (
-                min(MAX_BACKOFF, 2 * self.backoff) if close and self.backoff else FIRST_BACKOFF
-            )
+            # Episodes with nothing accepted in between double the wait; an answer since
+            # the last cool-down ended starts it again from 1 s (AIMD probing upwards
+            # ends each climb with a 429: that must not escalate).
+            back_to_back = accepted <= 0 and self.backoff > 0
+            self.backoff = min(MAX_BACKOFF, 2 * self.backoff) if back_to_back else FIRST_BACKOFF
             wait = self.backoff
         self.episode_at = now
         self.learned = learned_rate(self.rate(now), accepted)
@@ -282,26 +283,32 @@ class AcceptedRate:
     """Answers per second lately: over the last `SPAN` seconds, counted only since the
     last cool-down ended (its silence says nothing of the upstream's capacity), and
     divided by at least one second (a burst's first window is what the upstream took
-    in a second; a fraction of a second would inflate it)."""
+    in a second; a fraction of a second would inflate it). Counts are kept in tenths of
+    a second, so memory stays small whatever the traffic."""
 
     SPAN = 2.0
+    STEP = 0.1
 
-    __slots__ = ("_ticks",)
+    __slots__ = ("_counts", "_last")
 
     def __init__(self) -> None:
-        self._ticks: deque[float] = deque(maxlen=1 << 17)
+        self._counts: deque[list[float]] = deque()  # [bucket start, answers]
+        self._last = -1
 
     def tick(self, now: float) -> None:
-        self._ticks.append(now)
+        index = int(now / self.STEP)
+        if index != self._last:
+            self._last = index
+            self._counts.append([index * self.STEP, 0])
+            while self._counts[0][0] <= now - self.SPAN - self.STEP:
+                self._counts.popleft()
+        self._counts[-1][1] += 1
 
     def rate(self, now: float, since: float) -> float:
-        ticks = self._ticks
-        while ticks and ticks[0] <= now - self.SPAN:
-            ticks.popleft()
-        recent = [t for t in ticks if t > since]
+        recent = [(at, n) for at, n in self._counts if at > now - self.SPAN and at >= since]
         if not recent:
             return 0.0
-        return len(recent) / max(1.0, now - recent[0])
+        return sum(n for _, n in recent) / max(1.0, now - recent[0][0])
 
 
 class LocalPacer:

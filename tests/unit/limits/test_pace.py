@@ -183,15 +183,20 @@ def test_a_429_never_raises_the_rate(make: Any) -> None:
     assert pace.rate(1000.1) == pytest.approx(120 / 60 * HEADROOM, rel=1e-3)
 
 
-def test_bare_429s_back_off_from_one_second_and_double_back_to_back(make: Any) -> None:
+def test_bare_429s_back_off_from_one_second_doubling_while_nothing_gets_through(
+    make: Any,
+) -> None:
     pace = make(None, None, 1.0)
     assert pace.throttled(1000.0, None, 999.9, accepted=10.0)
     assert pace.cooling(1000.0) == pytest.approx(1.0, abs=MS)
-    assert pace.throttled(1001.2, None, 1001.1, accepted=5.0)  # sent after it ended
+    assert pace.throttled(1001.2, None, 1001.1, accepted=0.0)  # nothing accepted since
     assert pace.cooling(1001.2) == pytest.approx(2.0, abs=MS)
-    # A quiet spell later, the backoff starts from 1 s again.
-    assert pace.throttled(1100.0, None, 1099.9, accepted=5.0)
-    assert pace.cooling(1100.0) == pytest.approx(1.0, abs=MS)
+    assert pace.throttled(1003.3, None, 1003.25, accepted=0.0)
+    assert pace.cooling(1003.3) == pytest.approx(4.0, abs=MS)
+    # Answers got through since that cool-down: the next episode starts from 1 s again
+    # (a pace climbing back to the quota ends each climb with one 429).
+    assert pace.throttled(1010.0, None, 1009.9, accepted=5.0)
+    assert pace.cooling(1010.0) == pytest.approx(1.0, abs=MS)
 
 
 def test_the_learned_rate_grows_back_linearly_to_the_ceiling(make: Any) -> None:
