@@ -20,6 +20,7 @@ import math
 from typing import Literal
 
 Mode = Literal["bucket", "window"]
+_EPSILON = 1e-9  # refill arithmetic in floats: "exactly refilled" must count as refilled
 Headers = Literal["full", "retry-after", "none"]
 
 
@@ -39,7 +40,8 @@ class _Bucket:
     def wait(self, amount: float, now: float) -> float:
         self.refill(now)
         amount = min(amount, self.capacity)
-        return 0.0 if self.level >= amount else (amount - self.level) / self.rate
+        short = amount - self.level
+        return 0.0 if short <= _EPSILON else short / self.rate
 
     def take(self, amount: float) -> None:
         self.level -= min(amount, self.capacity)
