@@ -32,7 +32,7 @@ from typing import cast
 
 import httptools
 
-from app.upstream.attempt import AttemptFailed
+from app.upstream.attempt import AttemptFailed, Reason
 
 BUFFER_LIMIT = 256 * 1024
 HEAD_LIMIT = 64 * 1024  # bytes of status line and headers (interim heads included)
@@ -41,7 +41,7 @@ _NO_BODY = frozenset({204, 304})
 
 
 def _reset(detail: str) -> AttemptFailed:
-    return AttemptFailed("reset", retryable=True, detail=detail)
+    return AttemptFailed(Reason.RESET, retryable=True, detail=detail)
 
 
 class Response:
@@ -346,7 +346,7 @@ class Connection(asyncio.Protocol):
         if self._deadline is not None:
             due = min(due, self._deadline)
         if now >= due:
-            self._fail(AttemptFailed("timeout", retryable=True, detail="no answer in time"))
+            self._fail(AttemptFailed(Reason.TIMEOUT, retryable=True, detail="no answer in time"))
             return
         self._timer = self.loop.call_at(due, self._on_timer)
 

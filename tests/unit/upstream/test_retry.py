@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.upstream.attempt import AttemptFailed, parse_retry_after, status_failure
+from app.upstream.attempt import AttemptFailed, Reason, parse_retry_after, status_failure
 from app.upstream.budget import RetryBudget
 from app.upstream.retry import RetrySpec, backoff_wait, call_with_retries
 from tests.support.clock import FakeClock
@@ -83,31 +83,31 @@ def test_other_4xx_are_not_retried(status: int) -> None:
 
 
 async def test_transient_failures_then_success() -> None:
-    fail = AttemptFailed("status_503", retryable=True)
+    fail = AttemptFailed(Reason.STATUS_503, retryable=True)
     result, calls = await run([fail, fail])
     assert result == "ok" and calls == [1, 2, 3]
 
 
 async def test_stops_after_max_attempts_with_the_last_failure() -> None:
-    fails = [AttemptFailed("connect", retryable=True) for _ in range(5)]
+    fails = [AttemptFailed(Reason.CONNECT, retryable=True) for _ in range(5)]
     result, calls = await run(fails)
     assert isinstance(result, AttemptFailed) and calls == [1, 2, 3]
 
 
 async def test_non_retryable_is_raised_at_once() -> None:
-    result, calls = await run([AttemptFailed("status_4xx", retryable=False)])
+    result, calls = await run([AttemptFailed(Reason.STATUS_4XX, retryable=False)])
     assert isinstance(result, AttemptFailed) and calls == [1]
 
 
 async def test_a_retry_after_beyond_the_cap_stops_retrying() -> None:
-    long_wait = AttemptFailed("status_503", retryable=True, retry_after=5.0)
+    long_wait = AttemptFailed(Reason.STATUS_503, retryable=True, retry_after=5.0)
     result, calls = await run([long_wait])
     assert isinstance(result, AttemptFailed) and calls == [1]
 
 
 async def test_exhausted_budget_stops_retrying() -> None:
     result, calls = await run(
-        [AttemptFailed("timeout", retryable=True)] * 3, b=budget(min_retries=0, ratio=0.0)
+        [AttemptFailed(Reason.TIMEOUT, retryable=True)] * 3, b=budget(min_retries=0, ratio=0.0)
     )
     assert isinstance(result, AttemptFailed) and calls == [1]
 
@@ -117,7 +117,10 @@ def test_backoff_is_full_jitter_capped_and_retry_after_wins() -> None:
     waits = [backoff_wait(spec, n, None) for n in range(1, 12) for _ in range(50)]
     assert all(0 <= w <= 8.0 for w in waits) and max(waits) > 4.0
     assert all(backoff_wait(spec, 1, None) <= 0.5 for _ in range(50))
-    assert backoff_wait(spec, 1, AttemptFailed("x", retryable=True, retry_after=1.5)) == 1.5
+    assert (
+        backoff_wait(spec, 1, AttemptFailed(Reason.STATUS_503, retryable=True, retry_after=1.5))
+        == 1.5
+    )
 
 
 def test_retry_after_headers_ms_first() -> None:
@@ -133,3 +136,11 @@ def test_budget_allows_a_ratio_of_recent_requests(clock: FakeClock) -> None:
     assert sum(b.try_spend() for _ in range(10)) == 3  # 1 + 0.2 x 10
     clock.now = 11.0  # the window slid past them
     assert b.try_spend() is True
+
+
+def test_a_misspelt_reason_fails_loudly_and_a_reason_reads_as_its_label() -> None:
+    with pytest.raises(ValueError):
+        AttemptFailed("status_05", retryable=True)  # type: ignore[arg-type]
+    failure = AttemptFailed("status_503", retryable=True, detail="d")  # type: ignore[arg-type]
+    assert failure.reason is Reason.STATUS_503 and str(failure) == "status_503: d"
+    assert f"{Reason.STATUS_5XX}" == str(Reason.STATUS_5XX) == "status_5xx"
