@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from app.dispatch.dispatcher import Dispatcher
 from app.runtime import DomainSpec
-from app.upstream.breaker import Breaker
+from app.upstream.breaker import Breaker, BreakerState
 from app.upstream.budget import RetryBudget
 from app.upstream.client import UpstreamClient
 
@@ -104,7 +104,7 @@ class Domain:
         models = self.models()
         return {
             "state": self.state(),
-            "breaker": self.breaker.state if not self.breaker.is_open else "open",
+            "breaker": self.breaker.state if not self.breaker.is_open else BreakerState.OPEN,
             "api_base": self.spec.api_base,
             "models": sorted(models) if models is not None else None,
             "queue_depth": len(self.dispatcher.queue),

@@ -3,7 +3,8 @@
     UpstreamClient.send(path, body, stream) ──► Transport.request(...) ──► UpstreamResponse
                                                    │
                                   NativeTransport  (default, `pool.py`: asyncio protocol +
-                                                    httptools; measured fastest by far)
+                                                    httptools; the cheapest per request,
+                                                    see deploy/BENCHMARKS.md)
                                   AiohttpTransport (`server.upstream_client = "aiohttp"`)
                                   HttpxTransport   (any httpx transport: MockTransport and
                                                     ASGITransport in unit tests)
