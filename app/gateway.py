@@ -283,11 +283,12 @@ class Gateway:
         hc = self.runtime.settings.health_check
         try:
             async with asyncio.timeout(hc.timeout_ms / 1000):
-                result = await probe(domain, hc.endpoint, f"probe-{uuid.uuid4().hex[:12]}")
+                result = await probe(domain.client, hc.endpoint, f"probe-{uuid.uuid4().hex[:12]}")
         except TimeoutError:
             domain.healthy = False
             log.warning("health probe of domain %s timed out", domain.name)
             return
+        domain.record_probe(result)
         if not result.ok:
             log.warning("health probe of domain %s failed: %s", domain.name, result.detail)
         if domain.discovered:

@@ -21,17 +21,10 @@ from app.runtime import DomainSpec
 from app.upstream.breaker import Breaker, BreakerState
 from app.upstream.budget import RetryBudget
 from app.upstream.client import UpstreamClient
+from app.upstream.health import ProbeResult
 
 _EWMA = 0.2
 log = logging.getLogger("tokengate.domain")
-
-
-@dataclass
-class ProbeResult:
-    ok: bool
-    at: float
-    detail: str = ""
-    status: int | None = None
 
 
 @dataclass
@@ -84,6 +77,13 @@ class Domain:
             )
         else:
             log.warning("domain %s: the upstream serves again (balance restored)", self.name)
+
+    def record_probe(self, result: ProbeResult) -> None:
+        """Apply a health probe's answer; a model list it brought replaces the discovered one."""
+        self.healthy, self.last_probe = result.ok, result
+        if result.models is not None:
+            self.upstream_models = result.models
+            self.discovered = result.models
 
     def observe_latency(self, seconds: float) -> None:
         self.latency += _EWMA * (seconds - self.latency)
