@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
@@ -30,9 +31,12 @@ from app.upstream.client import UpstreamResponse
 from app.upstream.streaming import SseRelay, error_event
 from app.upstream.usage import Usage
 
-# finish(status, failed): settle the request's reservation and log it, exactly once;
-# `failed` is the (prompt, completion) tokens of an interrupted stream.
-Finish = Callable[[int, tuple[int, int]], None]
+
+class Finish(Protocol):
+    """Settle the request's reservation and log it, exactly once; `failed` is the
+    (prompt, completion) tokens of an interrupted stream."""
+
+    def __call__(self, status: int, *, failed: tuple[int, int]) -> None: ...
 
 
 @dataclass
@@ -169,7 +173,7 @@ class StreamAnswer:
             failed = (prompt, completion)
         if outcome is not None and outcome != "client_closed":
             trace.error = "stream_interrupted"
-        self._finish(status, failed)
+        self._finish(status, failed=failed)
 
     async def aclose(self) -> None:
         """Called if the body was never iterated (the client left before the first byte)."""

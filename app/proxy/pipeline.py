@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from itertools import chain
 
 from app.dispatch.dispatcher import Slot
@@ -110,7 +111,18 @@ class Proxy:
             raise
         trace.domain, trace.fallback = domain.name, model != requested
         if call.stream:
-            return self._stream_answer(call, trace, ticket, reply, slot, domain)
+            finish = partial(self._finish, call, trace, ticket)
+            return StreamAnswer(
+                call,
+                trace,
+                ticket,
+                reply,
+                slot,
+                domain,
+                finish=finish,
+                metrics=self.metrics,
+                clock=self.clock,
+            )
         slot.release()
         return self._json_answer(call, trace, ticket, reply, domain)
 
@@ -328,30 +340,6 @@ class Proxy:
         headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
         ctype = reply.response.headers.get("content-type", "application/json")
         return JsonAnswer(200, reply.first, ctype, headers)
-
-    def _stream_answer(
-        self,
-        call: ProxyCall,
-        trace: Trace,
-        ticket: Ticket,
-        reply: Reply,
-        slot: Slot,
-        domain: Domain,
-    ) -> StreamAnswer:
-        def finish(status: int, failed: tuple[int, int]) -> None:
-            self._finish(call, trace, ticket, status, failed=failed)
-
-        return StreamAnswer(
-            call,
-            trace,
-            ticket,
-            reply,
-            slot,
-            domain,
-            finish=finish,
-            metrics=self.metrics,
-            clock=self.clock,
-        )
 
     def _finish(
         self,
