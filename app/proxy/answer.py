@@ -72,7 +72,7 @@ class StreamAnswer:
         metrics: Metrics,
         clock: Callable[[], float],
     ) -> None:
-        self._finish = finish
+        self._finish_request = finish
         self._metrics = metrics
         self._clock = clock
         self._call = call
@@ -173,7 +173,7 @@ class StreamAnswer:
             failed = (prompt, completion)
         if outcome is not None and outcome != "client_closed":
             trace.error = "stream_interrupted"
-        self._finish(status, failed=failed)
+        self._finish_request(status, failed=failed)
 
     async def aclose(self) -> None:
         """Called if the body was never iterated (the client left before the first byte)."""
