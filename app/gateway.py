@@ -66,9 +66,8 @@ class Gateway:
         self._transport_factory = transport_factory or self._default_transport
         self.store = store or self._build_store()
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
-        shared = isinstance(self.store, RedisStore)
         self.admission = Admission(
-            self.store, metrics, divisor=1 if shared else max(1, runtime.workers)
+            self.store, metrics, divisor=1 if self.store.shared else max(1, runtime.workers)
         )
         self.proxy = Proxy(runtime, self.domains, self.admission, metrics, self.spawn)
         self.batch_store = BatchStore(Path(s.batch.path))
@@ -158,7 +157,7 @@ class Gateway:
         self._sync_gauges()
 
     def _describe_limits(self) -> None:
-        if isinstance(self.store, RedisStore):
+        if self.store.shared:
             mode = "shared through Redis by every replica and worker"
         elif self.admission.divisor > 1:
             mode = (
@@ -283,11 +282,12 @@ class Gateway:
         hc = self.runtime.settings.health_check
         try:
             async with asyncio.timeout(hc.timeout_ms / 1000):
-                result = await probe(domain, hc.endpoint, f"probe-{uuid.uuid4().hex[:12]}")
+                result = await probe(domain.client, hc.endpoint, f"probe-{uuid.uuid4().hex[:12]}")
         except TimeoutError:
             domain.healthy = False
             log.warning("health probe of domain %s timed out", domain.name)
             return
+        domain.record_probe(result)
         if not result.ok:
             log.warning("health probe of domain %s failed: %s", domain.name, result.detail)
         if domain.discovered:
@@ -334,16 +334,7 @@ class Gateway:
             for domain in self.domains:
                 await domain.dispatcher.pacer.sync()  # what other replicas learned
             self._sync_gauges()
-            if isinstance(self.store, RedisStore):
-                if not self.store.up:
-                    await self.store.probe()
-                else:
-                    self.admission.overrides.update(await self.store.load_overrides())
-            if isinstance(self.store, MemoryStore):
-                try:
-                    await self.store.ledger.flush()
-                except Exception as exc:
-                    log.error("ledger flush failed (kept for the next flush): %r", exc)
+            self.admission.overrides.update(await self.store.housekeeping())
 
     def render_metrics(self) -> bytes:
         """The exposition, with this process's gauges read at this instant."""
@@ -357,25 +348,14 @@ class Gateway:
             self.metrics.set_inflight(d.name, d.dispatcher.inflight)
             self.metrics.set_pace(d.name, d.dispatcher.pacer.rate())
 
-    # -- views -----------------------------------------------------------------------------
-    def readiness(self) -> tuple[bool, dict[str, object]]:
-        domains = {d.name: d.status() for d in self.domains}
-        ready = not self.draining and any(d.available() for d in self.domains)
-        body: dict[str, object] = {
-            "status": "ready" if ready else ("draining" if self.draining else "unavailable"),
-            "domains": domains,
-            "routes": self.route_state(),
-        }
-        if isinstance(self.store, RedisStore):
-            body["redis"] = {"up": self.store.up, "fail_mode": self.store.fail_mode}
-            if not self.store.up and self.store.fail_mode == "closed":
-                ready = False
-                body["status"] = "unavailable"
-        return ready, body
+    # -- what the views read -------------------------------------------------------------
+    @property
+    def background_tasks(self) -> int:
+        return len(self._tasks)
 
     @property
     def limits_shared(self) -> bool:
-        return isinstance(self.store, RedisStore)
+        return self.store.shared
 
     async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
         """A live per-key limit (admin API), shared with every replica through Redis."""
@@ -384,61 +364,9 @@ class Gateway:
         )
         limits = Limits(rpm or current.requests_per_minute, tpm or current.tokens_per_minute)
         self.admission.overrides[key.alias] = limits
-        if isinstance(self.store, RedisStore):
-            await self.store.save_override(key.alias, limits)
+        await self.store.save_override(key.alias, limits)
         log.warning("limits of key %s set live to %s", key.alias, limits)
         return limits
-
-    def status(self) -> dict[str, object]:
-        s = self.runtime.settings
-        keys = [
-            {
-                "alias": k.alias,
-                "priority": k.priority,
-                "domain": k.domain,
-                "models": sorted(k.models) if k.models is not None else None,
-                "limits": self.admission.limits_for(k)._asdict(),
-                "live_override": k.alias in self.admission.overrides,
-            }
-            for k in self.runtime.keys
-        ]
-        return {
-            "cluster": s.cluster.name,
-            "uptime_sec": round(time.time() - self.started_at, 1),
-            "draining": self.draining,
-            "workers": self.runtime.workers,
-            "auth": self.runtime.auth_enabled,
-            "domains": {
-                d.name: {
-                    **d.status(),
-                    "retry_budget": d.budget.snapshot(),
-                    "queue_by_priority": d.dispatcher.queue.depth_by_priority(),
-                }
-                for d in self.domains
-            },
-            "limits": {
-                "store": self.store.describe(),
-                "per_worker_divisor": self.admission.divisor,
-                "default": {
-                    "requests_per_minute": s.rate_limit.requests_per_minute,
-                    "tokens_per_minute": s.rate_limit.tokens_per_minute,
-                },
-                "keys": keys,
-            },
-            "routes": {
-                "default": s.model_route.default,
-                "fallback": list(self.runtime.fallbacks),
-                "aliases": s.model_aliases,
-            },
-            "tasks": len(self._tasks),
-        }
-
-    def models(self) -> list[str]:
-        seen: set[str] = set()
-        for d in self.domains:
-            seen |= set(d.models() or ())
-        seen |= set(self.runtime.settings.model_aliases)
-        return sorted(seen)
 
 
 def _pace_state(spec: DomainSpec) -> PaceState:

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api import views
 from app.api.deps import GatewayDep
 from app.errors import AuthenticationFailed, Conflict, NotFound
 from app.gateway import Gateway
@@ -40,7 +41,7 @@ async def usage(gateway: AdminDep) -> dict[str, object]:
 
 @router.get("/status")
 async def status(gateway: AdminDep) -> dict[str, object]:
-    return gateway.status()
+    return views.status(gateway)
 
 
 class LimitsChange(BaseModel):

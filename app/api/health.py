@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
+from app.api import views
 from app.api.deps import GatewayDep
 from app.metrics import CONTENT_TYPE
 
@@ -18,7 +19,7 @@ async def health() -> dict[str, str]:
 
 @router.get("/health/ready")
 async def ready(gateway: GatewayDep) -> Response:
-    ok, body = gateway.readiness()
+    ok, body = views.readiness(gateway)
     return JSONResponse(body, status_code=200 if ok else 503)
 
 

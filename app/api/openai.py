@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from app.api import views
 from app.api.deps import CallerDep, GatewayDep
 
 router = APIRouter()
@@ -14,7 +15,7 @@ async def list_models(gateway: GatewayDep, caller: CallerDep) -> dict[str, objec
     allowed = caller.models
     data = [
         {"id": m, "object": "model", "created": 0, "owned_by": "tokengate"}
-        for m in gateway.models()
+        for m in views.models(gateway)
         if allowed is None or m in allowed
     ]
     return {"object": "list", "data": data}

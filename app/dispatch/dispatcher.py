@@ -146,9 +146,9 @@ class Dispatcher:
         paced = self.pacer.bounded()
         if self._free_for(batch) and (not paced or self.pacer.ready(cost)):
             # Nobody is waiting and there is room: go at once. Holding a request for a
-            # group while slots stand free would only add latency (at 16 clients the
-            # 2 ms window cost a quarter of the throughput); groups form from requests
-            # that had to wait anyway.
+            # group while slots stand free would only add latency, and at modest
+            # concurrency it cost throughput too (deploy/BENCHMARKS.md, "Figures behind
+            # the design"); groups form from requests that had to wait anyway.
             self._take(batch)
             slot = Slot(self, key, priority, cost, self.clock())
             if paced:

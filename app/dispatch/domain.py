@@ -18,20 +18,13 @@ from dataclasses import dataclass, field
 
 from app.dispatch.dispatcher import Dispatcher
 from app.runtime import DomainSpec
-from app.upstream.breaker import Breaker
+from app.upstream.breaker import Breaker, BreakerState
 from app.upstream.budget import RetryBudget
 from app.upstream.client import UpstreamClient
+from app.upstream.health import ProbeResult
 
 _EWMA = 0.2
 log = logging.getLogger("tokengate.domain")
-
-
-@dataclass
-class ProbeResult:
-    ok: bool
-    at: float
-    detail: str = ""
-    status: int | None = None
 
 
 @dataclass
@@ -85,6 +78,13 @@ class Domain:
         else:
             log.warning("domain %s: the upstream serves again (balance restored)", self.name)
 
+    def record_probe(self, result: ProbeResult) -> None:
+        """Apply a health probe's answer; a model list it brought replaces the discovered one."""
+        self.healthy, self.last_probe = result.ok, result
+        if result.models is not None:
+            self.upstream_models = result.models
+            self.discovered = result.models
+
     def observe_latency(self, seconds: float) -> None:
         self.latency += _EWMA * (seconds - self.latency)
 
@@ -104,7 +104,7 @@ class Domain:
         models = self.models()
         return {
             "state": self.state(),
-            "breaker": self.breaker.state if not self.breaker.is_open else "open",
+            "breaker": self.breaker.state if not self.breaker.is_open else BreakerState.OPEN,
             "api_base": self.spec.api_base,
             "models": sorted(models) if models is not None else None,
             "queue_depth": len(self.dispatcher.queue),

@@ -39,6 +39,7 @@ _LIMIT_NAMES = {0: None, 1: "requests", 2: "tokens"}
 
 class RedisStore:
     synchronous = False
+    shared = True
 
     def __init__(
         self,
@@ -244,6 +245,19 @@ class RedisStore:
             rpm, _, tpm = str(value).partition(",")
             out[str(key)] = Limits(int(rpm), int(tpm))
         return out
+
+    async def housekeeping(self) -> dict[str, Limits]:
+        """Down: try to reconnect. Up: read the live limits (both one round trip)."""
+        if not self.up:
+            await self.probe()
+            return {}
+        return await self.load_overrides()
+
+    def health(self) -> dict[str, object]:
+        return {"redis": {"up": self.up, "fail_mode": self.fail_mode}}
+
+    def refusing(self) -> bool:
+        return not self.up and self.fail_mode == "closed"
 
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         return RedisPacer(self, f"{self.prefix}pace:{{{domain}}}", state)

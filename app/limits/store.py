@@ -5,10 +5,16 @@ the shared store): `reserve` admits or refuses 1 request + `cost` tokens for a k
 and `settle` corrects the token reservation to real usage and adds the outcome to
 the usage ledger. Keeping both behind this small interface lets admission logic,
 tests and the Redis store share one contract.
+
+What differs between a store of one process and one shared by every replica is behind
+the interface too, so the gateway never asks which store it holds: `shared`, the
+once-a-second `housekeeping`, the store's part of `/health/ready` (`health`,
+`refusing`) and where a live per-key limit is kept (`save_override`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,12 +25,17 @@ from app.limits.ledger import LedgerRow, LocalLedger, UsageEntry
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
+# The flush failure has always been the gateway's log line: operators grep for it there.
+log = logging.getLogger("tokengate.gateway")
 
 
 class LimitStore(Protocol):
     # True when settling needs no I/O: the pipeline then settles inline instead of
     # handing the work to a background task.
     synchronous: bool
+    # True when every replica and worker sees the same buckets: no per-worker split of
+    # the limits, and a live limit change reaches them all.
+    shared: bool
 
     async def reserve(self, key: str, limits: Limits, cost: int) -> Decision: ...
 
@@ -46,6 +57,23 @@ class LimitStore(Protocol):
 
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         """The pacer of a domain's upstream quota, kept where this store keeps limits."""
+        ...
+
+    async def housekeeping(self) -> dict[str, Limits]:
+        """The gateway's once-a-second upkeep; returns the live per-key limits set on
+        other replicas since (empty when there are none to learn)."""
+        ...
+
+    def health(self) -> dict[str, object]:
+        """The store's fields in the `/health/ready` body (none for a local store)."""
+        ...
+
+    def refusing(self) -> bool:
+        """True while every admission is refused (readiness then fails)."""
+        ...
+
+    async def save_override(self, key: str, limits: Limits) -> None:
+        """Keep a live per-key limit where the other replicas will find it."""
         ...
 
 
@@ -91,6 +119,7 @@ class MemoryBuckets:
 
 class MemoryStore:
     synchronous = True
+    shared = False
 
     def __init__(self, ledger: LocalLedger, clock: Clock = time.monotonic) -> None:
         self.buckets = MemoryBuckets(clock)
@@ -124,3 +153,19 @@ class MemoryStore:
 
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         return LocalPacer(state)
+
+    async def housekeeping(self) -> dict[str, Limits]:
+        try:
+            await self.ledger.flush()
+        except Exception as exc:
+            log.error("ledger flush failed (kept for the next flush): %r", exc)
+        return {}
+
+    def health(self) -> dict[str, object]:
+        return {}
+
+    def refusing(self) -> bool:
+        return False
+
+    async def save_override(self, key: str, limits: Limits) -> None:
+        """Nothing to share: the admission's own overrides are the only copy."""

@@ -9,17 +9,21 @@ response until its body iterator ends, however it ends:
   key is charged what was streamed (upstream usage if it came, else an estimate);
 - client went away (the task is cancelled): the upstream request is closed at once,
   and the key is charged what was streamed.
+
+Settling and the access log are the pipeline's: a stream is handed its `finish` (and
+the metrics and clock it reports with), so this module knows nothing of the pipeline.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
 from app.limits.admission import Ticket
+from app.metrics import Metrics
 from app.proxy.call import ProxyCall
 from app.proxy.trace import Trace
 from app.upstream.attempt import AttemptFailed
@@ -27,8 +31,12 @@ from app.upstream.client import UpstreamResponse
 from app.upstream.streaming import SseRelay, error_event
 from app.upstream.usage import Usage
 
-if TYPE_CHECKING:
-    from app.proxy.pipeline import Proxy
+
+class Finish(Protocol):
+    """Settle the request's reservation and log it, exactly once; `failed` is the
+    (prompt, completion) tokens of an interrupted stream."""
+
+    def __call__(self, status: int, *, failed: tuple[int, int]) -> None: ...
 
 
 @dataclass
@@ -53,15 +61,20 @@ class StreamAnswer:
 
     def __init__(
         self,
-        proxy: Proxy,
         call: ProxyCall,
         trace: Trace,
         ticket: Ticket,
         reply: Reply,
         slot: Slot,
         domain: Domain,
+        *,
+        finish: Finish,
+        metrics: Metrics,
+        clock: Callable[[], float],
     ) -> None:
-        self._proxy = proxy
+        self._finish_request = finish
+        self._metrics = metrics
+        self._clock = clock
         self._call = call
         self._trace = trace
         self._ticket = ticket
@@ -128,9 +141,9 @@ class StreamAnswer:
     def _ttft(self) -> None:
         if self.relay.saw_content and not self._ttft_done:
             self._ttft_done = True
-            seconds = self._proxy.clock() - self._trace.started
+            seconds = self._clock() - self._trace.started
             model = self.relay.model or self._trace.attempts[-1].model
-            self._proxy.metrics.record_ttft(self._domain.name, model, seconds)
+            self._metrics.record_ttft(self._domain.name, model, seconds)
 
     async def _close(self, status: int, outcome: str | None) -> None:
         if self._finished:
@@ -156,11 +169,11 @@ class StreamAnswer:
         if outcome is None:
             trace.prompt_tokens, trace.completion_tokens = prompt, completion
         else:
-            self._proxy.metrics.record_stream_error(self._domain.name, outcome)
+            self._metrics.record_stream_error(self._domain.name, outcome)
             failed = (prompt, completion)
         if outcome is not None and outcome != "client_closed":
             trace.error = "stream_interrupted"
-        self._proxy._finish(self._call, trace, self._ticket, status, failed=failed)
+        self._finish_request(status, failed=failed)
 
     async def aclose(self) -> None:
         """Called if the body was never iterated (the client left before the first byte)."""

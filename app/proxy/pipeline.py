@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from itertools import chain
 
 from app.dispatch.dispatcher import Slot
@@ -34,10 +35,6 @@ from app.errors import (
     NotFound,
     PermissionDenied,
     ServiceUnavailable,
-    UpstreamFailed,
-    UpstreamQuotaExhausted,
-    UpstreamRejected,
-    UpstreamTimeout,
 )
 from app.limits.admission import Admission, Spawn, Ticket
 from app.limits.ledger import UsageEntry
@@ -45,16 +42,16 @@ from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.metrics import Metrics
 from app.proxy.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.proxy.call import ProxyCall
+from app.proxy.failure import client_error
 from app.proxy.trace import Attempt, Trace
 from app.runtime import Runtime
-from app.upstream.attempt import AttemptFailed
+from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.usage import parse_usage
 
 # Attempt outcomes that feed neither the breaker nor a verdict on the upstream's health.
-_NOT_A_VERDICT = frozenset({"throttled", "insufficient_quota"})
+_NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})
 access_log = logging.getLogger("tokengate.access")
-log = logging.getLogger("tokengate.proxy")
 MAX_DOMAINS_PER_MODEL = 2
 
 
@@ -114,7 +111,18 @@ class Proxy:
             raise
         trace.domain, trace.fallback = domain.name, model != requested
         if call.stream:
-            return StreamAnswer(self, call, trace, ticket, reply, slot, domain)
+            finish = partial(self._finish, call, trace, ticket)
+            return StreamAnswer(
+                call,
+                trace,
+                ticket,
+                reply,
+                slot,
+                domain,
+                finish=finish,
+                metrics=self.metrics,
+                clock=self.clock,
+            )
         slot.release()
         return self._json_answer(call, trace, ticket, reply, domain)
 
@@ -209,7 +217,7 @@ class Proxy:
                     lambda f: self.metrics.record_retry(domain.name, f.reason),
                 )
             except AttemptFailed as failure:
-                if failure.reason != "throttled":
+                if failure.reason is not Reason.THROTTLED:
                     slot.release()
                     raise
                 slot = await self._throttled(domain, slot, failure, trace)
@@ -237,7 +245,7 @@ class Proxy:
         self, call: ProxyCall, model: str, domain: Domain, body: bytes, n: int, trace: Trace
     ) -> Reply:
         if not domain.breaker.allows():
-            raise AttemptFailed("circuit_open", retryable=False, detail=domain.name)
+            raise AttemptFailed(Reason.CIRCUIT_OPEN, retryable=False, detail=domain.name)
         t0 = self.clock()
         try:
             reply = await self._send(call, domain, body)
@@ -245,7 +253,7 @@ class Proxy:
             self._record_attempt(domain, trace, n, model, failure.reason, t0)
             if failure.reason in _NOT_A_VERDICT:
                 domain.breaker.release_probe()  # says nothing of the upstream's health
-                if failure.reason == "insufficient_quota":
+                if failure.reason is Reason.INSUFFICIENT_QUOTA:
                     domain.note_quota(True)
             else:
                 domain.breaker.record(not failure.upstream_fault)
@@ -315,44 +323,10 @@ class Proxy:
         )
 
     def _final_error(self, last: BaseException | None, trace: Trace) -> GatewayError:
-        spent = None if not self.cooperate else False
-        tries = len(trace.attempts)
         if last is None or isinstance(last, GatewayError):
             return last or ServiceUnavailable("no domain available", code="no_healthy_domain")
         assert isinstance(last, AttemptFailed)
-        if last.reason == "status_4xx" and last.status is not None:
-            return UpstreamRejected(last.status, last.body, last.content_type)
-        if last.reason == "model_not_found":
-            return ModelNotFound(
-                f"the upstream does not serve model '{trace.attempts[-1].model}'; "
-                "GET /v1/models lists what is served",
-                param="model",
-            )
-        if last.reason == "timeout":
-            return UpstreamTimeout(
-                f"upstream did not answer in time ({tries} attempt(s))", should_retry=spent
-            )
-        if last.reason == "insufficient_quota":
-            return UpstreamQuotaExhausted(
-                "the upstream account's balance is exhausted (insufficient_quota); retrying "
-                "will not help until operators top it up"
-            )
-        if last.reason == "upstream_auth":
-            log.error("upstream refused the gateway's credentials (status %s)", last.status)
-            return UpstreamFailed(
-                "the upstream refused the gateway's credentials; operators: see the gateway log",
-                should_retry=spent,
-            )
-        if last.reason == "circuit_open":
-            return ServiceUnavailable(
-                "the upstream circuit is open after repeated failures",
-                code="no_healthy_domain",
-                retry_after=5.0,
-                should_retry=spent,
-            )
-        return UpstreamFailed(
-            f"upstream failed after {tries} attempt(s): {last.reason}", should_retry=spent
-        )
+        return client_error(last, trace, cooperate=self.cooperate)
 
     # -- answers and accounting -------------------------------------------------------------
     def _json_answer(
@@ -414,8 +388,6 @@ class Proxy:
 
 
 def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> AttemptFailed:
-    from app.upstream.attempt import status_failure
-
     return status_failure(status, body, headers.get("content-type", "application/json"), headers)
 
 

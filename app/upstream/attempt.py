@@ -1,9 +1,11 @@
 """What one failed upstream attempt tells the retry logic.
 
 Transport failures (from `client.py`, translated from the HTTP library) and failing
-statuses (from the proxy) both become an `AttemptFailed` carrying a short `reason`
-(the label of `tokengate_upstream_retries_total`), whether a retry may help, and any
-`Retry-After` the upstream sent.
+statuses (from the proxy) both become an `AttemptFailed` carrying a `Reason` (its
+value is the label of `tokengate_upstream_retries_total`), whether a retry may help,
+and any `Retry-After` the upstream sent. The reasons are one enum so that every place
+that tells them apart is checked by mypy: a misspelt reason fails loudly instead of
+quietly becoming a 502.
 
 A 429 is one of two things. `throttled`: flow control (the pipeline requeues the
 request and the domain's pacer cools down; never retried here, never a fault).
@@ -13,35 +15,62 @@ so it is answered at once after this one attempt.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import orjson
 
 from app.limits.pacing import rate_headers
 
-RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})
+
+class Reason(StrEnum):
+    """Why an attempt failed; a `StrEnum`, so metric labels and log lines show the value."""
+
+    CONNECT = "connect"  # no connection (refused, DNS, TLS, proxy refusal)
+    TIMEOUT = "timeout"
+    RESET = "reset"  # the connection broke off mid-exchange
+    BAD_REQUEST = "bad_request"  # a header the transport refused to send
+    BAD_RESPONSE = "bad_response"  # a 200 without a JSON object
+    UPSTREAM_AUTH = "upstream_auth"  # 401 / 403: the gateway's upstream key
+    MODEL_NOT_FOUND = "model_not_found"  # 404
+    CIRCUIT_OPEN = "circuit_open"  # the domain's breaker refused the attempt
+    THROTTLED = "throttled"  # 429 as flow control
+    INSUFFICIENT_QUOTA = "insufficient_quota"  # 429, the account's balance is empty
+    STATUS_500 = "status_500"
+    STATUS_502 = "status_502"
+    STATUS_503 = "status_503"
+    STATUS_504 = "status_504"
+    STATUS_5XX = "status_5xx"  # any other 5xx
+    STATUS_4XX = "status_4xx"  # any other 4xx (relayed to the client as it came)
+
+
+_RETRYABLE = {
+    500: Reason.STATUS_500,
+    502: Reason.STATUS_502,
+    503: Reason.STATUS_503,
+    504: Reason.STATUS_504,
+}
+RETRYABLE_STATUSES = frozenset(_RETRYABLE)
 # Failures after which another domain or the fallback model may still succeed.
 MOVES_ON = frozenset(
     {
-        "connect",
-        "timeout",
-        "reset",
-        "bad_response",
-        "upstream_auth",
-        "model_not_found",
-        "circuit_open",
-        "status_500",
-        "status_502",
-        "status_503",
-        "status_504",
+        Reason.CONNECT,
+        Reason.TIMEOUT,
+        Reason.RESET,
+        Reason.BAD_RESPONSE,
+        Reason.UPSTREAM_AUTH,
+        Reason.MODEL_NOT_FOUND,
+        Reason.CIRCUIT_OPEN,
+        *_RETRYABLE.values(),
     }
 )
 # Failures that say the upstream (not the client) is broken: they feed the breaker.
-UPSTREAM_FAULTS = MOVES_ON - {"model_not_found", "circuit_open"}
+UPSTREAM_FAULTS = MOVES_ON - {Reason.MODEL_NOT_FOUND, Reason.CIRCUIT_OPEN}
 
 
 class AttemptFailed(Exception):
     def __init__(
         self,
-        reason: str,
+        reason: Reason,
         *,
         retryable: bool,
         status: int | None = None,
@@ -50,8 +79,8 @@ class AttemptFailed(Exception):
         retry_after: float | None = None,
         detail: str = "",
     ) -> None:
-        super().__init__(f"{reason}{': ' + detail if detail else ''}")
-        self.reason = reason
+        self.reason = Reason(reason)  # a value that is no reason raises here, not later
+        super().__init__(f"{self.reason}{': ' + detail if detail else ''}")
         self.retryable = retryable
         self.status = status
         self.body = body
@@ -73,16 +102,16 @@ def status_failure(
 ) -> AttemptFailed:
     if status == 429:
         return _too_many(body, content_type, headers)
-    if status in RETRYABLE_STATUSES:
-        reason = f"status_{status}"
+    if status in _RETRYABLE:
+        reason = _RETRYABLE[status]
     elif status in (401, 403):
-        reason = "upstream_auth"
+        reason = Reason.UPSTREAM_AUTH
     elif status == 404:
-        reason = "model_not_found"
+        reason = Reason.MODEL_NOT_FOUND
     elif status >= 500:
-        reason = "status_5xx"
+        reason = Reason.STATUS_5XX
     else:
-        reason = "status_4xx"
+        reason = Reason.STATUS_4XX
     return AttemptFailed(
         reason,
         retryable=status in RETRYABLE_STATUSES,
@@ -96,13 +125,17 @@ def status_failure(
 def _too_many(body: bytes, content_type: str, headers: dict[str, str]) -> AttemptFailed:
     if _insufficient_quota(body):
         return AttemptFailed(
-            "insufficient_quota", retryable=False, status=429, body=body, content_type=content_type
+            Reason.INSUFFICIENT_QUOTA,
+            retryable=False,
+            status=429,
+            body=body,
+            content_type=content_type,
         )
     wait = parse_retry_after(headers)
     if wait is None and (advertised := rate_headers(headers)) is not None:
         wait = advertised.exhausted_for
     return AttemptFailed(
-        "throttled",
+        Reason.THROTTLED,
         retryable=False,
         status=429,
         body=body,

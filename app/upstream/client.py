@@ -3,7 +3,8 @@
     UpstreamClient.send(path, body, stream) ──► Transport.request(...) ──► UpstreamResponse
                                                    │
                                   NativeTransport  (default, `pool.py`: asyncio protocol +
-                                                    httptools; measured fastest by far)
+                                                    httptools; the cheapest per request,
+                                                    see deploy/BENCHMARKS.md)
                                   AiohttpTransport (`server.upstream_client = "aiohttp"`)
                                   HttpxTransport   (any httpx transport: MockTransport and
                                                     ASGITransport in unit tests)
@@ -37,7 +38,7 @@ import aiohttp
 import httpx
 
 from app.runtime import DomainSpec
-from app.upstream.attempt import AttemptFailed
+from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.pool import NativeTransport, parse_target
 from app.upstream.proxyenv import Proxies, ProxyRoute
 
@@ -194,15 +195,15 @@ def _translate_aiohttp(exc: BaseException) -> BaseException:
         return exc
     if isinstance(exc, aiohttp.ClientHttpProxyError):  # the proxy refused the CONNECT
         detail = f"proxy answered CONNECT with {exc.status}"
-        return AttemptFailed("connect", retryable=exc.status != 407, detail=detail)
+        return AttemptFailed(Reason.CONNECT, retryable=exc.status != 407, detail=detail)
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return AttemptFailed("connect", retryable=True, detail=str(exc.os_error))
+        return AttemptFailed(Reason.CONNECT, retryable=True, detail=str(exc.os_error))
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return AttemptFailed("timeout", retryable=True, detail="no answer in time")
+        return AttemptFailed(Reason.TIMEOUT, retryable=True, detail="no answer in time")
     if isinstance(exc, aiohttp.ClientError | OSError):
-        return AttemptFailed("reset", retryable=True, detail=type(exc).__name__)
+        return AttemptFailed(Reason.RESET, retryable=True, detail=type(exc).__name__)
     if isinstance(exc, ValueError):  # a header aiohttp refuses to send (a line break, ...)
-        return AttemptFailed("bad_request", retryable=False, detail="a header aiohttp refused")
+        return AttemptFailed(Reason.BAD_REQUEST, retryable=False, detail="a header aiohttp refused")
     return exc
 
 
@@ -327,7 +328,9 @@ class _HttpxResponse:
             async with asyncio.timeout_at(self._deadline):
                 return await self._resp.aread()
         except TimeoutError:
-            raise AttemptFailed("timeout", retryable=True, detail="no answer in time") from None
+            raise AttemptFailed(
+                Reason.TIMEOUT, retryable=True, detail="no answer in time"
+            ) from None
         except httpx.HTTPError as exc:
             raise _translate_httpx(exc) from None
         finally:
@@ -346,10 +349,10 @@ class _HttpxResponse:
 
 def _translate_httpx(exc: httpx.HTTPError) -> AttemptFailed:
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return AttemptFailed("connect", retryable=True, detail=type(exc).__name__)
+        return AttemptFailed(Reason.CONNECT, retryable=True, detail=type(exc).__name__)
     if isinstance(exc, httpx.TimeoutException):
-        return AttemptFailed("timeout", retryable=True, detail="no answer in time")
-    return AttemptFailed("reset", retryable=True, detail=type(exc).__name__)
+        return AttemptFailed(Reason.TIMEOUT, retryable=True, detail="no answer in time")
+    return AttemptFailed(Reason.RESET, retryable=True, detail=type(exc).__name__)
 
 
 class HttpxTransport:
@@ -376,7 +379,9 @@ class HttpxTransport:
             async with asyncio.timeout_at(deadline):
                 resp = await self._client.send(req, stream=True)
         except TimeoutError:
-            raise AttemptFailed("timeout", retryable=True, detail="no answer in time") from None
+            raise AttemptFailed(
+                Reason.TIMEOUT, retryable=True, detail="no answer in time"
+            ) from None
         except httpx.HTTPError as exc:
             raise _translate_httpx(exc) from None
         return _HttpxResponse(resp, deadline)

@@ -1,10 +1,10 @@
 """One HTTP/1.1 keep-alive connection to an upstream, on asyncio's Protocol API.
 
-Why not a client library: in `make bench` aiohttp's client cost 140-180 µs of CPU per
-proxied request on this kind of machine and httpx's default transport several times
-more, while this connection costs about 15 µs; with aiohttp the upstream client was a
-third of the gateway's CPU. Parsing is httptools' (llhttp, the parser uvicorn serves
-with); what lives here is only the exchange's state machine, one exchange at a time:
+Why not a client library: in `make bench` a client library's CPU per proxied request
+was several times this connection's, enough to make the upstream client a large share
+of the gateway's CPU (the figures: deploy/BENCHMARKS.md, "Figures behind the design").
+Parsing is httptools' (llhttp, the parser uvicorn serves with); what lives here is only
+the exchange's state machine, one exchange at a time:
 
     send() ──► waiting for the head ──► body arriving ──► complete ──► back to the pool
                       │                      │                          (keep-alive)
@@ -32,7 +32,7 @@ from typing import cast
 
 import httptools
 
-from app.upstream.attempt import AttemptFailed
+from app.upstream.attempt import AttemptFailed, Reason
 
 BUFFER_LIMIT = 256 * 1024
 HEAD_LIMIT = 64 * 1024  # bytes of status line and headers (interim heads included)
@@ -41,7 +41,7 @@ _NO_BODY = frozenset({204, 304})
 
 
 def _reset(detail: str) -> AttemptFailed:
-    return AttemptFailed("reset", retryable=True, detail=detail)
+    return AttemptFailed(Reason.RESET, retryable=True, detail=detail)
 
 
 class Response:
@@ -346,7 +346,7 @@ class Connection(asyncio.Protocol):
         if self._deadline is not None:
             due = min(due, self._deadline)
         if now >= due:
-            self._fail(AttemptFailed("timeout", retryable=True, detail="no answer in time"))
+            self._fail(AttemptFailed(Reason.TIMEOUT, retryable=True, detail="no answer in time"))
             return
         self._timer = self.loop.call_at(due, self._on_timer)
 

@@ -1,40 +1,42 @@
-"""Background probe of one domain: `GET health_check.endpoint` with the domain's key.
+"""Background probe of one domain's upstream: `GET health_check.endpoint` with its key.
 
-A 2xx marks the domain healthy; when the endpoint is `/v1/models` the listed ids are
-the domain's discovered models (used unless the config lists `models`). Anything
-else marks it unhealthy with a short reason that `/health/ready` shows.
+A 2xx says healthy; when the endpoint is `/v1/models` the listed ids are the domain's
+discovered models (used unless the config lists `models`). Anything else says
+unhealthy with a short reason that `/health/ready` shows. The probe only reports: the
+domain applies the result (`Domain.record_probe`), so this package never imports the
+dispatch side.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import orjson
 
-from app.dispatch.domain import Domain, ProbeResult
 from app.upstream.attempt import AttemptFailed
+from app.upstream.client import UpstreamClient
 
 
-async def probe(domain: Domain, endpoint: str, request_id: str) -> ProbeResult:
+@dataclass(frozen=True)
+class ProbeResult:
+    ok: bool
+    at: float
+    detail: str = ""
+    status: int | None = None
+    models: frozenset[str] | None = None  # the ids a 2xx listed, if it was a model list
+
+
+async def probe(client: UpstreamClient, endpoint: str, request_id: str) -> ProbeResult:
     try:
-        resp = await domain.client.send(
-            endpoint, None, stream=False, method="GET", request_id=request_id
-        )
+        resp = await client.send(endpoint, None, stream=False, method="GET", request_id=request_id)
         body = await resp.read()
     except AttemptFailed as failure:
-        result = ProbeResult(False, time.monotonic(), failure.reason)
-        domain.healthy, domain.last_probe = False, result
-        return result
+        return ProbeResult(False, time.monotonic(), failure.reason.value)
     ok = 200 <= resp.status < 300
     detail = "ok" if ok else _why(resp.status)
-    result = ProbeResult(ok, time.monotonic(), detail, resp.status)
-    domain.healthy, domain.last_probe = ok, result
-    if ok:
-        models = _model_ids(body)
-        if models is not None:
-            domain.upstream_models = models
-            domain.discovered = models
-    return result
+    models = _model_ids(body) if ok else None
+    return ProbeResult(ok, time.monotonic(), detail, resp.status, models)
 
 
 def _why(status: int) -> str:

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from app.upstream.attempt import AttemptFailed
+from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.connection import Connection, Response
 from app.upstream.dial import open_socket
 from app.upstream.proxyenv import Proxies, ProxyRoute
@@ -75,7 +75,7 @@ def request_head(
     lines = [f"{method} {target.path} HTTP/1.1\r\nhost: {target.host_header}\r\n{extra}"]
     for name, value in headers.items():
         if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
-            raise AttemptFailed("bad_request", retryable=False, detail=f"line break in {name}")
+            raise AttemptFailed(Reason.BAD_REQUEST, retryable=False, detail=f"line break in {name}")
         lines.append(f"{name}: {value}\r\n")
     if length is not None:
         lines.append(f"content-length: {length}\r\n")
@@ -84,7 +84,7 @@ def request_head(
         return "".join(lines).encode("latin-1")
     except UnicodeEncodeError:
         raise AttemptFailed(
-            "bad_request", retryable=False, detail="a header is not latin-1"
+            Reason.BAD_REQUEST, retryable=False, detail="a header is not latin-1"
         ) from None
 
 
@@ -135,7 +135,7 @@ class Pool:
         except AttemptFailed as failure:
             # Reused, died before any byte of the answer: the idle-close race, sent once
             # more on a fresh connection (see the module docstring).
-            if not (conn.exchanges > 1 and failure.reason == "reset" and not conn.answered):
+            if not (conn.exchanges > 1 and failure.reason is Reason.RESET and not conn.answered):
                 raise
         conn = await self._acquire(fresh=True)
         return await conn.send(data, read_timeout, deadline, head_only=head_only)
@@ -159,7 +159,7 @@ class Pool:
                 else:
                     self._waiters.remove(waiter)
                 detail = f"no free connection in {self.pool_timeout:g} s (pool of {self.limit})"
-                raise AttemptFailed("timeout", retryable=True, detail=detail) from None
+                raise AttemptFailed(Reason.TIMEOUT, retryable=True, detail=detail) from None
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # woken, but leaving: the turn goes to the next caller
@@ -186,16 +186,16 @@ class Pool:
             connected = not conn.closed
         except TimeoutError:
             detail = self._via("connect timed out")
-            raise AttemptFailed("connect", retryable=True, detail=detail) from None
+            raise AttemptFailed(Reason.CONNECT, retryable=True, detail=detail) from None
         except OSError as exc:  # ssl.SSLError included
             detail = self._via(exc.strerror or type(exc).__name__)
-            raise AttemptFailed("connect", retryable=True, detail=detail) from None
+            raise AttemptFailed(Reason.CONNECT, retryable=True, detail=detail) from None
         finally:
             self._connecting -= 1
             if not connected:
                 self._wake()  # the slot this connect held is free again
         if not connected:  # closed by the upstream before it was ever used
-            raise AttemptFailed("connect", retryable=True, detail="closed on connect")
+            raise AttemptFailed(Reason.CONNECT, retryable=True, detail="closed on connect")
         self._members.add(conn)
         return conn
 

@@ -1,21 +1,40 @@
 """Retries, in exactly one place (tenacity is banned elsewhere by ruff).
 
 Rule: an attempt is retried only if it failed with a connection error, a timeout, a
-reset, or status 429/500/502/503/504, while attempts remain (`Runtime.attempts`) and
-the domain's retry budget allows. The wait is exponential with full jitter,
-`uniform(0, min(max_backoff, backoff * 2**(n-1)))`, unless the upstream sent
-`retry-after-ms`/`Retry-After`: that is honoured exactly, and one longer than
-`max_retry_after_ms` ends retrying at once (waiting would outlive the client).
+reset, or status 500/502/503/504 (`AttemptFailed.retryable`), while attempts remain
+(`Runtime.attempts`) and the domain's retry budget allows (`RetryBudget.try_spend`,
+asked last, so a retry the other rules refuse spends nothing). The wait is exponential
+with full jitter, `uniform(0, min(max_backoff, backoff * 2**(n-1)))` (tenacity's
+`wait_random_exponential`), unless the upstream sent `retry-after-ms`/`Retry-After`:
+that is honoured exactly, and one longer than `max_retry_after_ms` ends retrying at
+once (waiting would outlive the client). `on_retry` hears of each failure that is
+retried, before the wait.
+
+Every attempt, the first included, is one tenacity decided on: `call_with_retries` asks
+tenacity's controller what to do next (attempt, sleep, or raise the last failure) and
+does it. The policy (stop, wait, the retry predicate, the hook) is built once per
+`RetrySpec`; per call only the controller is made, as tenacity's own decorator does,
+since it keeps scratch state of the call in progress. What differs per call (the
+domain's budget, the hook) reaches the shared policy as the call's argument, which
+tenacity keeps in `RetryCallState.args`.
+
+The controller is tenacity's synchronous `Retrying`, driven by an async loop, rather
+than `AsyncRetrying`: the decisions are the same synchronous code either way, but
+`AsyncRetrying` wraps and inspects every callback at every step, which cost more than
+the rest of a request's retry handling together. A success ends the loop at once:
+only failures are ever retried, so asking tenacity about a result could only say stop.
 """
 
 from __future__ import annotations
 
-import random
+import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+from tenacity import DoSleep, RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base, wait_random_exponential
 
 from app.upstream.attempt import AttemptFailed
 from app.upstream.budget import RetryBudget
@@ -23,12 +42,17 @@ from app.upstream.budget import RetryBudget
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class RetrySpec:
-    attempts: int
-    backoff: float
-    max_backoff: float
-    max_retry_after: float
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """What the shared policy needs to know of one call: whose budget, whom to tell."""
+
+    budget: RetryBudget
+    on_retry: Callable[[AttemptFailed], None]
+
+
+def _call(state: RetryCallState) -> _Call:
+    call: _Call = state.args[0]
+    return call
 
 
 def _failure(state: RetryCallState) -> AttemptFailed | None:
@@ -39,11 +63,71 @@ def _failure(state: RetryCallState) -> AttemptFailed | None:
     return exc if isinstance(exc, AttemptFailed) else None
 
 
-def backoff_wait(spec: RetrySpec, attempt: int, failure: AttemptFailed | None) -> float:
-    if failure is not None and failure.retry_after is not None:
-        return failure.retry_after
-    ceiling = min(spec.max_backoff, spec.backoff * 2 ** (attempt - 1))
-    return random.uniform(0, ceiling)
+class _RetryAfterOr(wait_base):
+    """The upstream's own wait when it sent one, else the jittered backoff."""
+
+    def __init__(self, backoff: wait_base) -> None:
+        self.backoff = backoff
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        failure = _failure(retry_state)
+        if failure is not None and failure.retry_after is not None:
+            return failure.retry_after
+        return self.backoff(retry_state)
+
+
+class _RetryAfterBeyond(stop_base):
+    """Stop when the upstream asks for a longer wait than the client would sit out."""
+
+    def __init__(self, longest: float) -> None:
+        self.longest = longest
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        failure = _failure(retry_state)
+        return failure is None or (
+            failure.retry_after is not None and failure.retry_after > self.longest
+        )
+
+
+class _BudgetSpent(stop_base):
+    """Stop when the domain's retry budget has nothing left; a retry spends from it."""
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return not _call(retry_state).budget.try_spend()
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, AttemptFailed) and exc.retryable
+
+
+def _before_sleep(state: RetryCallState) -> None:
+    failure = _failure(state)
+    if failure is not None:
+        _call(state).on_retry(failure)
+
+
+_RETRY = retry_if_exception(_retryable)
+
+
+@dataclass(frozen=True)
+class RetrySpec:
+    attempts: int
+    backoff: float
+    max_backoff: float
+    max_retry_after: float
+    # tenacity's policy for these numbers, built once (the budget is asked last)
+    stop: stop_base = field(init=False, repr=False, compare=False)
+    wait: wait_base = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        stop = (
+            stop_after_attempt(self.attempts)
+            | _RetryAfterBeyond(self.max_retry_after)
+            | _BudgetSpent()
+        )
+        jitter = wait_random_exponential(multiplier=self.backoff, max=self.max_backoff)
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "wait", _RetryAfterOr(jitter))
 
 
 async def call_with_retries(
@@ -52,53 +136,22 @@ async def call_with_retries(
     budget: RetryBudget,
     on_retry: Callable[[AttemptFailed], None],
 ) -> T:
-    """Run `attempt(n)` (n = 1, 2, ...) until it returns or retrying must stop.
-
-    The first attempt runs outside tenacity: most requests succeed at once, and building
-    a retry controller costs more than the rest of the hot path. Its failure is then
-    replayed to tenacity as attempt 1, so every decision is still tenacity's.
-    """
-    try:
-        return await attempt(1)
-    except AttemptFailed as failure:
-        if not failure.retryable or spec.attempts <= 1:
-            raise
-        first = failure
-
-    def stop(state: RetryCallState) -> bool:
-        failure = _failure(state)
-        if state.attempt_number >= spec.attempts or failure is None:
-            return True
-        if failure.retry_after is not None and failure.retry_after > spec.max_retry_after:
-            return True
-        return not budget.try_spend()
-
-    def before_sleep(state: RetryCallState) -> None:
-        failure = _failure(state)
-        if failure is not None:
-            on_retry(failure)
-
-    retrying = AsyncRetrying(
-        stop=stop,
-        wait=lambda s: backoff_wait(spec, s.attempt_number, _failure(s)),
-        retry=retry_if_exception(lambda e: isinstance(e, AttemptFailed) and e.retryable),
-        before_sleep=before_sleep,
-        reraise=True,
+    """Run `attempt(n)` (n = 1, 2, ...) until it returns or retrying must stop; the last
+    failure is raised as it came (tenacity's `reraise`)."""
+    controller = Retrying(
+        stop=spec.stop, wait=spec.wait, retry=_RETRY, before_sleep=_before_sleep, reraise=True
     )
-    result: T = await retrying(_numbered(attempt, first))
-    return result
-
-
-def _numbered(
-    attempt: Callable[[int], Awaitable[T]], first: AttemptFailed
-) -> Callable[[], Awaitable[T]]:
-    count = 0
-
-    async def run() -> T:
-        nonlocal count
-        count += 1
-        if count == 1:
-            raise first
-        return await attempt(count)
-
-    return run
+    controller.begin()
+    state = RetryCallState(controller, None, (_Call(budget, on_retry),), {})
+    while True:
+        # Never a result to judge (a success returned below): an attempt, a sleep, or
+        # the failure raised because retrying stops.
+        do = controller.iter(state)
+        if isinstance(do, DoSleep):
+            state.prepare_for_next_attempt()
+            await asyncio.sleep(do)
+            continue
+        try:
+            return await attempt(state.attempt_number)
+        except BaseException as exc:  # tenacity's to judge, cancellation included
+            state.set_exception((type(exc), exc, exc.__traceback__))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from app.upstream.attempt import AttemptFailed
+from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.proxyenv import ProxyRoute
 
 HEAD_LIMIT = 16 * 1024
@@ -60,4 +60,4 @@ def _status(head: bytes) -> int | None:
 
 
 def _failed(route: ProxyRoute, what: str, *, retryable: bool = True) -> AttemptFailed:
-    return AttemptFailed("connect", retryable=retryable, detail=f"proxy {route.shown} {what}")
+    return AttemptFailed(Reason.CONNECT, retryable=retryable, detail=f"proxy {route.shown} {what}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from app.upstream.attempt import AttemptFailed
+from app.upstream.attempt import AttemptFailed, Reason
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,11 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise AttemptFailed("bad_response", retryable=True, detail="answer is not JSON") from None
+        raise AttemptFailed(
+            Reason.BAD_RESPONSE, retryable=True, detail="answer is not JSON"
+        ) from None
     if not isinstance(obj, dict):
-        raise AttemptFailed("bad_response", retryable=True, detail="answer is not an object")
+        raise AttemptFailed(Reason.BAD_RESPONSE, retryable=True, detail="answer is not an object")
     usage = obj.get("usage")
     model = obj.get("model") if isinstance(obj.get("model"), str) else None
     if not isinstance(usage, dict):

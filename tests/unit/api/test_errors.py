@@ -8,6 +8,7 @@ import logging
 import httpx
 import pytest
 
+from app.api import views
 from app.gateway import Gateway
 from tests.support.inproc import MakeClient
 
@@ -112,7 +113,7 @@ async def test_a_bug_is_a_generic_500_with_no_detail(
     def broken(self: Gateway) -> tuple[bool, dict[str, object]]:
         raise RuntimeError("secret detail sk-do-not-show-0123456789")
 
-    monkeypatch.setattr(Gateway, "readiness", broken)
+    monkeypatch.setattr(views, "readiness", broken)
     with caplog.at_level(logging.ERROR, "tokengate.errors"):
         r = await client.get("/health/ready")
     assert r.status_code == 500

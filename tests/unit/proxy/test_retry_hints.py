@@ -19,7 +19,7 @@ from app.errors import (
 )
 from app.gateway import Gateway
 from app.proxy.trace import Attempt, Trace
-from app.upstream.attempt import AttemptFailed
+from app.upstream.attempt import AttemptFailed, Reason
 from tests.support.inproc import MakeGateway
 
 
@@ -52,10 +52,10 @@ def test_retry_after_never_exceeds_what_the_sdk_honours() -> None:
 @pytest.mark.parametrize(
     ("failure", "kind", "status"),
     [
-        (AttemptFailed("status_500", retryable=True), UpstreamFailed, 502),
-        (AttemptFailed("connect", retryable=True), UpstreamFailed, 502),
-        (AttemptFailed("timeout", retryable=True), UpstreamTimeout, 504),
-        (AttemptFailed("circuit_open", retryable=False), ServiceUnavailable, 503),
+        (AttemptFailed(Reason.STATUS_500, retryable=True), UpstreamFailed, 502),
+        (AttemptFailed(Reason.CONNECT, retryable=True), UpstreamFailed, 502),
+        (AttemptFailed(Reason.TIMEOUT, retryable=True), UpstreamTimeout, 504),
+        (AttemptFailed(Reason.CIRCUIT_OPEN, retryable=False), ServiceUnavailable, 503),
     ],
 )
 def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
@@ -73,7 +73,7 @@ def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(
     proxy: Callable[..., Gateway], mode: str
 ) -> None:
     err = proxy(mode).proxy._final_error(
-        AttemptFailed("insufficient_quota", retryable=False, status=429), trace()
+        AttemptFailed(Reason.INSUFFICIENT_QUOTA, retryable=False, status=429), trace()
     )
     assert isinstance(err, UpstreamQuotaExhausted) and err.status == 429
     assert err.body()["error"]["code"] == "insufficient_quota"  # type: ignore[index]
@@ -84,7 +84,7 @@ def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(
 
 def test_relayed_client_errors_are_permanent(proxy: Callable[..., Gateway]) -> None:
     err = proxy().proxy._final_error(
-        AttemptFailed("status_4xx", retryable=False, status=422, body=b"{}"), trace(1)
+        AttemptFailed(Reason.STATUS_4XX, retryable=False, status=422, body=b"{}"), trace(1)
     )
     assert isinstance(err, UpstreamRejected) and err.status == 422
     assert err.response_headers()["x-should-retry"] == "false"

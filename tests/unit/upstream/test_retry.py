@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from app.upstream.attempt import AttemptFailed, parse_retry_after, status_failure
+import pytest
+from tenacity import RetryCallState, Retrying
+
+from app.upstream.attempt import AttemptFailed, Reason, parse_retry_after, status_failure
 from app.upstream.budget import RetryBudget
-from app.upstream.retry import RetrySpec, backoff_wait, call_with_retries
+from app.upstream.retry import RetrySpec, call_with_retries
 from tests.support.clock import FakeClock
 
 SPEC = RetrySpec(attempts=3, backoff=0.0001, max_backoff=0.0002, max_retry_after=1.0)
@@ -14,6 +17,15 @@ SPEC = RetrySpec(attempts=3, backoff=0.0001, max_backoff=0.0002, max_retry_after
 
 def budget(min_retries: int = 100, ratio: float = 1.0) -> RetryBudget:
     return RetryBudget(ratio, 10, min_retries, clock=FakeClock())
+
+
+def backoff_wait(spec: RetrySpec, attempt: int, failure: AttemptFailed | None) -> float:
+    """The wait the spec's tenacity policy takes after attempt `attempt` failed."""
+    state = RetryCallState(Retrying(), None, (), {})
+    state.attempt_number = attempt
+    if failure is not None:
+        state.set_exception((type(failure), failure, None))
+    return spec.wait(state)
 
 
 async def run(
@@ -83,31 +95,31 @@ def test_other_4xx_are_not_retried(status: int) -> None:
 
 
 async def test_transient_failures_then_success() -> None:
-    fail = AttemptFailed("status_503", retryable=True)
+    fail = AttemptFailed(Reason.STATUS_503, retryable=True)
     result, calls = await run([fail, fail])
     assert result == "ok" and calls == [1, 2, 3]
 
 
 async def test_stops_after_max_attempts_with_the_last_failure() -> None:
-    fails = [AttemptFailed("connect", retryable=True) for _ in range(5)]
+    fails = [AttemptFailed(Reason.CONNECT, retryable=True) for _ in range(5)]
     result, calls = await run(fails)
     assert isinstance(result, AttemptFailed) and calls == [1, 2, 3]
 
 
 async def test_non_retryable_is_raised_at_once() -> None:
-    result, calls = await run([AttemptFailed("status_4xx", retryable=False)])
+    result, calls = await run([AttemptFailed(Reason.STATUS_4XX, retryable=False)])
     assert isinstance(result, AttemptFailed) and calls == [1]
 
 
 async def test_a_retry_after_beyond_the_cap_stops_retrying() -> None:
-    long_wait = AttemptFailed("status_503", retryable=True, retry_after=5.0)
+    long_wait = AttemptFailed(Reason.STATUS_503, retryable=True, retry_after=5.0)
     result, calls = await run([long_wait])
     assert isinstance(result, AttemptFailed) and calls == [1]
 
 
 async def test_exhausted_budget_stops_retrying() -> None:
     result, calls = await run(
-        [AttemptFailed("timeout", retryable=True)] * 3, b=budget(min_retries=0, ratio=0.0)
+        [AttemptFailed(Reason.TIMEOUT, retryable=True)] * 3, b=budget(min_retries=0, ratio=0.0)
     )
     assert isinstance(result, AttemptFailed) and calls == [1]
 
@@ -117,7 +129,10 @@ def test_backoff_is_full_jitter_capped_and_retry_after_wins() -> None:
     waits = [backoff_wait(spec, n, None) for n in range(1, 12) for _ in range(50)]
     assert all(0 <= w <= 8.0 for w in waits) and max(waits) > 4.0
     assert all(backoff_wait(spec, 1, None) <= 0.5 for _ in range(50))
-    assert backoff_wait(spec, 1, AttemptFailed("x", retryable=True, retry_after=1.5)) == 1.5
+    assert (
+        backoff_wait(spec, 1, AttemptFailed(Reason.STATUS_503, retryable=True, retry_after=1.5))
+        == 1.5
+    )
 
 
 def test_retry_after_headers_ms_first() -> None:
@@ -133,3 +148,51 @@ def test_budget_allows_a_ratio_of_recent_requests(clock: FakeClock) -> None:
     assert sum(b.try_spend() for _ in range(10)) == 3  # 1 + 0.2 x 10
     clock.now = 11.0  # the window slid past them
     assert b.try_spend() is True
+
+
+def test_a_misspelt_reason_fails_loudly_and_a_reason_reads_as_its_label() -> None:
+    with pytest.raises(ValueError):
+        AttemptFailed("status_05", retryable=True)  # type: ignore[arg-type]
+    failure = AttemptFailed("status_503", retryable=True, detail="d")  # type: ignore[arg-type]
+    assert failure.reason is Reason.STATUS_503 and str(failure) == "status_503: d"
+    assert f"{Reason.STATUS_5XX}" == str(Reason.STATUS_5XX) == "status_5xx"
+
+
+async def test_each_retry_is_told_before_its_wait_and_only_retries_spend_budget() -> None:
+    events: list[object] = []
+    fails = [AttemptFailed(Reason.RESET, retryable=True) for _ in range(2)]
+
+    async def attempt(n: int) -> str:
+        events.append(n)
+        if fails:
+            raise fails.pop(0)
+        return "ok"
+
+    b = budget(min_retries=2, ratio=0.0)
+    assert await call_with_retries(attempt, SPEC, b, lambda f: events.append(f.reason)) == "ok"
+    assert events == [1, Reason.RESET, 2, Reason.RESET, 3]
+    assert not b.try_spend()  # both retries were paid for
+    b = budget(min_retries=1, ratio=0.0)
+    await run([AttemptFailed(Reason.STATUS_503, retryable=True, retry_after=5.0)], b=b)
+    await run([AttemptFailed(Reason.STATUS_4XX, retryable=False)], b=b)
+    assert b.try_spend()  # neither stop spent the one retry allowed
+
+
+async def test_concurrent_calls_keep_their_own_attempts() -> None:
+    async def one() -> tuple[str | AttemptFailed, list[int]]:
+        return await run([AttemptFailed(Reason.TIMEOUT, retryable=True) for _ in range(2)])
+
+    results = await asyncio.gather(*(one() for _ in range(20)))
+    assert all(r == ("ok", [1, 2, 3]) for r in results)
+
+
+async def test_a_cancelled_attempt_is_not_retried() -> None:
+    calls: list[int] = []
+
+    async def attempt(n: int) -> str:
+        calls.append(n)
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await call_with_retries(attempt, SPEC, budget(), lambda f: None)
+    assert calls == [1]

@@ -1,0 +1,90 @@
+"""The gateway seen from outside: the bodies of `/health/ready`, `/admin/status` and
+`GET /v1/models`.
+
+Views only read: the gateway owns the lifecycle and its parts, these functions say
+what orchestrators, operators and clients are shown of them. Their JSON is part of
+the contract (tests compare bytes), so a field is added here on purpose, never as a
+side effect of a change to the gateway.
+"""
+
+from __future__ import annotations
+
+import time
+
+from app.gateway import Gateway
+
+
+def readiness(gateway: Gateway) -> tuple[bool, dict[str, object]]:
+    """Ready while not draining, some domain is available and the limit store admits."""
+    domains = gateway.domains
+    ready = not gateway.draining and any(d.available() for d in domains)
+    body: dict[str, object] = {
+        "status": "ready" if ready else ("draining" if gateway.draining else "unavailable"),
+        "domains": {d.name: d.status() for d in domains},
+        "routes": gateway.route_state(),
+    }
+    store = gateway.store
+    body.update(store.health())
+    if store.refusing():
+        ready = False
+        body["status"] = "unavailable"
+    return ready, body
+
+
+def status(gateway: Gateway) -> dict[str, object]:
+    s = gateway.runtime.settings
+    return {
+        "cluster": s.cluster.name,
+        "uptime_sec": round(time.time() - gateway.started_at, 1),
+        "draining": gateway.draining,
+        "workers": gateway.runtime.workers,
+        "auth": gateway.runtime.auth_enabled,
+        "domains": {
+            d.name: {
+                **d.status(),
+                "retry_budget": d.budget.snapshot(),
+                "queue_by_priority": d.dispatcher.queue.depth_by_priority(),
+            }
+            for d in gateway.domains
+        },
+        "limits": _limits(gateway),
+        "routes": {
+            "default": s.model_route.default,
+            "fallback": list(gateway.runtime.fallbacks),
+            "aliases": s.model_aliases,
+        },
+        "tasks": gateway.background_tasks,
+    }
+
+
+def _limits(gateway: Gateway) -> dict[str, object]:
+    s, admission = gateway.runtime.settings, gateway.admission
+    keys = [
+        {
+            "alias": k.alias,
+            "priority": k.priority,
+            "domain": k.domain,
+            "models": sorted(k.models) if k.models is not None else None,
+            "limits": admission.limits_for(k)._asdict(),
+            "live_override": k.alias in admission.overrides,
+        }
+        for k in gateway.runtime.keys
+    ]
+    return {
+        "store": gateway.store.describe(),
+        "per_worker_divisor": admission.divisor,
+        "default": {
+            "requests_per_minute": s.rate_limit.requests_per_minute,
+            "tokens_per_minute": s.rate_limit.tokens_per_minute,
+        },
+        "keys": keys,
+    }
+
+
+def models(gateway: Gateway) -> list[str]:
+    """Every model some domain lists, and every alias (clients may ask for either)."""
+    seen: set[str] = set()
+    for d in gateway.domains:
+        seen |= set(d.models() or ())
+    seen |= set(gateway.runtime.settings.model_aliases)
+    return sorted(seen)

@@ -1,0 +1,82 @@
+"""What the client is told when the last upstream attempt failed.
+
+One arm per `Reason`, checked exhaustive by mypy (`assert_never`): a new reason without
+an answer here fails the lint, it does not quietly become a 502. In `cooperate` mode
+(`retry_policy.client_retries`) an answer after the gateway's own retries says
+`x-should-retry: false`, so the SDK does not multiply them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import assert_never
+
+from app.errors import (
+    GatewayError,
+    ModelNotFound,
+    ServiceUnavailable,
+    UpstreamFailed,
+    UpstreamQuotaExhausted,
+    UpstreamRejected,
+    UpstreamTimeout,
+)
+from app.proxy.trace import Trace
+from app.upstream.attempt import AttemptFailed, Reason
+
+log = logging.getLogger("tokengate.proxy")
+
+
+def client_error(last: AttemptFailed, trace: Trace, *, cooperate: bool) -> GatewayError:
+    """The client's error for the attempt that failed last: one arm per `Reason`, and
+    mypy rejects the match if a reason has none (`assert_never`)."""
+    spent = None if not cooperate else False
+    tries = len(trace.attempts)
+    match last.reason:
+        case Reason.STATUS_4XX if last.status is not None:
+            return UpstreamRejected(last.status, last.body, last.content_type)
+        case Reason.MODEL_NOT_FOUND:
+            return ModelNotFound(
+                f"the upstream does not serve model '{trace.attempts[-1].model}'; "
+                "GET /v1/models lists what is served",
+                param="model",
+            )
+        case Reason.TIMEOUT:
+            return UpstreamTimeout(
+                f"upstream did not answer in time ({tries} attempt(s))", should_retry=spent
+            )
+        case Reason.INSUFFICIENT_QUOTA:
+            return UpstreamQuotaExhausted(
+                "the upstream account's balance is exhausted (insufficient_quota); retrying "
+                "will not help until operators top it up"
+            )
+        case Reason.UPSTREAM_AUTH:
+            log.error("upstream refused the gateway's credentials (status %s)", last.status)
+            return UpstreamFailed(
+                "the upstream refused the gateway's credentials; operators: see the gateway log",
+                should_retry=spent,
+            )
+        case Reason.CIRCUIT_OPEN:
+            return ServiceUnavailable(
+                "the upstream circuit is open after repeated failures",
+                code="no_healthy_domain",
+                retry_after=5.0,
+                should_retry=spent,
+            )
+        case (
+            Reason.CONNECT
+            | Reason.RESET
+            | Reason.BAD_REQUEST
+            | Reason.BAD_RESPONSE
+            | Reason.THROTTLED
+            | Reason.STATUS_500
+            | Reason.STATUS_502
+            | Reason.STATUS_503
+            | Reason.STATUS_504
+            | Reason.STATUS_5XX
+            | Reason.STATUS_4XX  # without a status: nothing to relay
+        ):
+            return UpstreamFailed(
+                f"upstream failed after {tries} attempt(s): {last.reason}", should_retry=spent
+            )
+        case _:
+            assert_never(last.reason)
