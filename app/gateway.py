@@ -65,10 +65,11 @@ class Gateway:
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
         self._transport_factory = transport_factory or self._default_transport
         self.store = store or self._build_store()
+        # Without Redis each of N workers enforces 1/N of every limit and every domain
+        # quota: a limit never silently becomes N times larger.
+        self.divisor = 1 if self.store.shared else max(1, runtime.workers)
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
-        self.admission = Admission(
-            self.store, metrics, divisor=1 if self.store.shared else max(1, runtime.workers)
-        )
+        self.admission = Admission(self.store, metrics, divisor=self.divisor)
         self.proxy = Proxy(runtime, self.domains, self.admission, metrics, self.spawn)
         self.batch_store = BatchStore(Path(s.batch.path))
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
@@ -92,6 +93,14 @@ class Gateway:
         # base: the transport logs how it reaches the upstream (direct or which proxy)
         return make_transport(kind, timeouts, sched.timeout_ms / 1000, pool, base=spec.api_base)
 
+    def _pace_state(self, spec: DomainSpec) -> PaceState:
+        rpm, tpm = spec.requests_per_minute, spec.tokens_per_minute
+        return PaceState(
+            None if rpm is None else rpm / self.divisor,
+            None if tpm is None else tpm / self.divisor,
+            spec.quota_window_sec,
+        )
+
     def _build_domain(self, spec: DomainSpec) -> Domain:
         s = self.runtime.settings
         sched, policy = s.token_scheduler, s.retry_policy
@@ -102,7 +111,7 @@ class Gateway:
             queue_capacity=sched.queue_capacity,
             max_queue_wait_ms=sched.max_queue_wait_ms,
             max_inflight=spec.max_inflight,
-            pacer=self.store.pacer(spec.name, _pace_state(spec)),
+            pacer=self.store.pacer(spec.name, self._pace_state(spec)),
             metrics=self.metrics,
             batch_share=s.batch.share,
         )
@@ -159,14 +168,14 @@ class Gateway:
     def _describe_limits(self) -> None:
         if self.store.shared:
             mode = "shared through Redis by every replica and worker"
-        elif self.admission.divisor > 1:
+        elif self.divisor > 1:
             mode = (
-                f"split per worker: each of {self.admission.divisor} workers enforces "
-                f"1/{self.admission.divisor} of every limit (set TOKENGATE_REDIS_URL to share)"
+                f"split per worker: each of {self.divisor} workers enforces 1/{self.divisor} "
+                "of every limit (set TOKENGATE_REDIS_URL to share)"
             )
         else:
             mode = "in-process"
-        log.info("per-key limits: %s", mode)
+        log.info("per-key limits and domain quotas: %s", mode)
 
     # -- live reconfiguration ----------------------------------------------------------
     def reload(self, new: Runtime) -> list[str]:
@@ -207,10 +216,9 @@ class Gateway:
         domain.spec = spec
         domain.client.rekey(spec)
         domain.dispatcher.max_inflight = spec.max_inflight
-        state = domain.dispatcher.pacer.state
-        quota = (spec.requests_per_minute, spec.tokens_per_minute)
-        if (quota, spec.quota_window_sec) != (state.configured, state.window):
-            domain.dispatcher.pacer = self.store.pacer(spec.name, _pace_state(spec))
+        state, new = domain.dispatcher.pacer.state, self._pace_state(spec)
+        if (new.configured, new.window) != (state.configured, state.window):
+            domain.dispatcher.pacer = self.store.pacer(spec.name, new)
 
     def request_reload(self) -> None:
         """SIGHUP: re-read the files; an invalid configuration is refused, the old one stays."""
@@ -367,10 +375,6 @@ class Gateway:
         await self.store.save_override(key.alias, limits)
         log.warning("limits of key %s set live to %s", key.alias, limits)
         return limits
-
-
-def _pace_state(spec: DomainSpec) -> PaceState:
-    return PaceState(spec.requests_per_minute, spec.tokens_per_minute, spec.quota_window_sec)
 
 
 def _anonymous(settings: Any) -> KeySpec:

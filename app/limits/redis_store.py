@@ -28,7 +28,8 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from app.errors import ServiceUnavailable
 from app.limits.bucket import Decision, Limits
 from app.limits.ledger import COUNTERS, LedgerRow, LocalLedger, UsageEntry
-from app.limits.pacing import AcceptedRate, LocalPacer, Pacer, PaceState, RateHeaders, Throttle
+from app.limits.pacing import Pacer, PaceState
+from app.limits.shared_pace import RedisPacer
 from app.limits.store import MemoryBuckets
 
 log = logging.getLogger("tokengate.redis")
@@ -283,104 +284,6 @@ class RedisStore:
             "up": self.up,
             "fail_mode": self.fail_mode,
             "pending_ledger_rows": len(self._backlog._pending),
-        }
-
-
-class RedisPacer:
-    """A domain's pace kept in Redis (`pace.lua`), so replicas on one upstream key pace
-    together: one round trip per reservation, and none at all while the shared state
-    paces nothing (no quota, nothing learned: polled once a second by `sync`).
-
-    The local `PaceState` mirrors the shared cool-down for the dispatcher's cheap checks
-    and, while Redis is down, paces this replica alone (fail open, like the limits)."""
-
-    shared = True
-
-    def __init__(self, store: RedisStore, key: str, state: PaceState) -> None:
-        self.store, self.key, self.state = store, key, state
-        self.now = time.monotonic
-        self.accepted = AcceptedRate()
-        self._local = LocalPacer(state, self.now)
-        self._rate: float | None = state.ceiling()
-        self._learned = False
-
-    def _args(self, op: str, *extra: Any) -> list[Any]:
-        s = self.state
-        ceilings = [-1 if c is None else c for c in (s.ceiling_r, s.ceiling_t)]
-        return [op, *ceilings, s.window, "", *extra]
-
-    def _apply(self, raw: list[Any]) -> float:
-        """Mirror a reply; the first field back (op-specific)."""
-        first, cool_ms, rate, _token_rate, learned = raw
-        self.state.cool_until = self.now() + int(cool_ms) / 1000
-        value = float(rate)
-        self._rate = None if value < 0 else value
-        self._learned = bool(int(learned))
-        return float(first)
-
-    def bounded(self) -> bool:
-        return self._rate is not None or self.cooling() > 0 or self.state.ceiling_t is not None
-
-    def ready(self, tokens: int) -> bool:
-        return self.cooling() == 0  # the shared bookings are only known by asking
-
-    def cooling(self) -> float:
-        return max(0.0, self.state.cool_until - self.now())
-
-    async def reserve(self, requests: int, tokens: int) -> float:
-        raw = await self.store.pace(self.key, self._args("reserve", requests, tokens))
-        if raw is None:
-            return await self._local.reserve(requests, tokens)
-        return self._apply(raw) / 1000
-
-    async def throttled(self, throttle: Throttle) -> float:
-        now = self.now()
-        before = max(now, self.state.cool_until)
-        wait = -1 if throttle.wait is None else round(throttle.wait * 1000)
-        ago = max(0, round((now - throttle.sent_at) * 1000))
-        args = self._args("throttled", wait, ago, self.accepted.rate(now, self.state.cool_until))
-        raw = await self.store.pace(self.key, args)
-        if raw is None:
-            return await self._local.throttled(throttle)
-        self._apply(raw)
-        return max(0.0, self.state.cool_until - before)
-
-    async def observe(self, headers: RateHeaders) -> float:
-        now = self.now()
-        before = max(now, self.state.cool_until)
-        exhausted = headers.exhausted_for
-        args = self._args(
-            "observe",
-            headers.limit_requests or -1,
-            headers.limit_tokens or -1,
-            -1 if exhausted is None else round(exhausted * 1000),
-        )
-        raw = await self.store.pace(self.key, args)
-        if raw is None:
-            return await self._local.observe(headers)
-        self._apply(raw)
-        return max(0.0, self.state.cool_until - before)
-
-    def answered(self) -> None:
-        self.accepted.tick(self.now())
-
-    async def sync(self) -> None:
-        raw = await self.store.pace(self.key, self._args("state"))
-        if raw is not None:
-            self._apply(raw)
-
-    def rate(self) -> float | None:
-        return self._rate if self.store.up else self._local.rate()
-
-    def snapshot(self) -> dict[str, object]:
-        if not self.store.up:
-            return {**self._local.snapshot(), "shared": False}
-        rate = self._rate
-        return {
-            "shared": True,
-            "requests_per_sec": None if rate is None else round(rate, 3),
-            "learned": self._learned,
-            "cooldown_sec": round(self.cooling(), 3),
         }
 
 

@@ -23,6 +23,14 @@ Handler = Callable[[httpx.Request], httpx.Response]
 MakeGateway = Callable[..., Gateway]  # the `make_local_gateway` fixture (tests/unit/conftest.py)
 MakeClient = Callable[..., Awaitable[httpx.AsyncClient]]  # `make_client` (tests/unit/api/)
 ADMIN_KEY = "adm-unit-0123456789"
+# A chat completion as an upstream answers it (model m-1), for MockTransport handlers.
+CHAT_OK = {
+    "id": "c",
+    "object": "chat.completion",
+    "model": "m-1",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+}
 
 
 def local_settings(tmp_path: Path, data: dict[str, Any] | None = None) -> Settings:

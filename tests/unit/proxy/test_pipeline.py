@@ -15,15 +15,8 @@ from app.gateway import Gateway
 from app.proxy.answer import JsonAnswer, StreamAnswer
 from app.proxy.call import CHAT
 from app.proxy.wire import parse_call
-from tests.support.inproc import Handler, MakeGateway
+from tests.support.inproc import CHAT_OK, Handler, MakeGateway
 
-CHAT_OK = {
-    "id": "c",
-    "object": "chat.completion",
-    "model": "m-1",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
-}
 PIPELINE = {
     "model_aliases": {"m": "m-1"},
     "model_route": {"default": "m"},

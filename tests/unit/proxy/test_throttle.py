@@ -8,24 +8,20 @@ import itertools
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
 from app.errors import ServiceUnavailable, UpstreamQuotaExhausted
 from app.gateway import Gateway
+from app.metrics import Metrics, new_registry
 from app.proxy.answer import JsonAnswer, StreamAnswer
 from app.proxy.call import CHAT
 from app.proxy.wire import parse_call
-from tests.support.inproc import Handler, MakeGateway
+from app.runtime import compile_runtime
+from tests.support.inproc import CHAT_OK, Handler, MakeGateway, local_settings
 
-CHAT_OK = {
-    "id": "c",
-    "object": "chat.completion",
-    "model": "m-1",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
-}
 SETTINGS = {
     "model_route": {"default": "m-1", "fallback": None},
     "retry_policy": {"max_attempts": 3, "backoff_ms": 1},
@@ -171,3 +167,16 @@ async def test_advertised_limits_pace_the_domain_before_any_429(
     assert pacer.rate() == pytest.approx(120 / 60 * 0.98)
     assert 0 < pacer.cooling() <= 0.25  # nothing left until the reset: paused, no 429 needed
     assert throttles(gw) == 0
+
+
+def test_without_redis_each_worker_paces_its_share_of_the_domain_quota(
+    tmp_path: Path,
+) -> None:
+    settings = local_settings(tmp_path, {"scale_up": {"requests_per_minute": 600}})
+    for workers, share in ((1, 600), (4, 150)):
+        runtime = compile_runtime(
+            settings, {"TAOTOKEN_API_KEY": "k"}, no_auth=True, workers=workers
+        )
+        gw = Gateway(runtime, Metrics(new_registry()))
+        # 98 % of the share, per second: four workers together stay under the quota.
+        assert gw.domains[0].dispatcher.pacer.rate() == pytest.approx(share / 60 * 0.98)
