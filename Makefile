@@ -53,6 +53,9 @@ test-fast: install system-deps ## the whole suite but the long scenarios marked 
 test-unit: install ## unit tests only (no servers)
 	$(BIN)/python -m pytest -q tests/unit
 
+test-e2e: install system-deps ## end-to-end tests only (real servers on loopback)
+	$(BIN)/python -m pytest -q tests/e2e
+
 lint: install ## ruff (lint + format check) and mypy --strict
 	$(BIN)/ruff check app tests
 	$(BIN)/ruff format --check app tests

@@ -1,7 +1,8 @@
 -- One domain's pace, shared by every tokengate replica and worker on one upstream key.
--- The arithmetic of app/limits/pacing.py (PaceState), step for step; the unit tests
--- drive both with the same cases (tests/unit/limits/test_pace_lua.py). Redis' TIME is
--- the clock, so replicas on different hosts agree; times in and out are relative.
+-- The arithmetic of app/limits/pacing.py (PaceState), step for step; the same cases drive
+-- both (tests/unit/limits/test_pace.py, and tests/e2e/test_pace_parity.py for this one).
+-- Redis' TIME is the clock, so replicas on different hosts agree; times in and out are
+-- relative.
 --
 -- KEYS = {pace_hash}
 -- ARGV = {op, ceiling_r, ceiling_t, window, now_override, ...}
@@ -14,7 +15,7 @@
 --   state:     ...                            -> {0, cool_ms, rate, token_rate, learned}
 -- rate / token_rate are strings ("-1": unbounded); the hash expires after a quiet hour.
 local HEADROOM, BETA, ACCEPTED_SHARE, GROWTH, MIN_STEP, MIN_RATE = 0.98, 0.7, 0.9, 0.03, 0.2, 0.2
-local BURST_SHARE, FIRST_BACKOFF, MAX_BACKOFF = 0.05, 1.0, 16.0
+local BURST_SHARE, FIRST_BACKOFF, MAX_BACKOFF, MAX_COOL_DOWN = 0.05, 1.0, 16.0, 60.0
 local TTL_MS = 3600000
 
 local op = ARGV[1]
@@ -122,7 +123,7 @@ elseif op == 'throttled' then
   local wait_ms, sent_ago, accepted = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
   local sent_at = now - sent_ago / 1000
   if sent_at < s.cool_until then
-    if wait_ms >= 0 then cool(now + wait_ms / 1000) end
+    if wait_ms >= 0 then cool(now + math.min(wait_ms / 1000, MAX_COOL_DOWN)) end
     save()
     return reply(0)
   end
@@ -148,7 +149,7 @@ elseif op == 'throttled' then
   else
     s.learned = MIN_RATE * 5
   end
-  cool(now + math.max(wait, 0.05))
+  cool(now + math.min(math.max(wait, 0.05), MAX_COOL_DOWN))
   s.learned_at = s.cool_until
   save()
   return reply(1)

@@ -46,6 +46,7 @@ MIN_RATE = 0.2  # requests/s: the learned rate never drops below
 BURST_SHARE = 0.05  # of a window's quota that may go at once
 FIRST_BACKOFF = 1.0  # seconds: a header-less 429's first cool-down
 MAX_BACKOFF = 16.0
+MAX_COOL_DOWN = 60.0  # one 429's wait: a longer Retry-After is asked again after this
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ class PaceState:
         if throttle.sent_at < self.cool_until:
             # Sent before this episode's cool-down ended: the same overload, seen again.
             if throttle.wait is not None:
-                self._cool(now + throttle.wait)
+                self._cool(now + min(throttle.wait, MAX_COOL_DOWN))
             return False
         if throttle.wait is not None:
             wait = throttle.wait
@@ -175,7 +176,7 @@ class PaceState:
             wait = self.backoff
         self.episode_at = now
         self.learned = learned_rate(self.rate(now), accepted)
-        self._cool(now + max(wait, 0.05))
+        self._cool(now + min(max(wait, 0.05), MAX_COOL_DOWN))
         self.learned_at = self.cool_until
         return True
 

@@ -49,7 +49,14 @@ PING = [{"role": "user", "content": "ping"}]
 GRAFANA_VARS = {"job": "tokengate", "instance": ".*", "domain": ".*", "__rate_interval": "1m"}
 # Series only failures this traffic does not cause produce (or, for Redis, only a
 # gateway configured with Redis): their panels may be empty here.
-EVENT_ONLY = ("tokengate_failed_tokens_total", "tokengate_redis_up")
+# Series that exist only after their event: failed attempts, Redis configured, an upstream
+# 429, a pace known (the dashboard hides the +Inf of an unbounded domain).
+EVENT_ONLY = (
+    "tokengate_failed_tokens_total",
+    "tokengate_redis_up",
+    "tokengate_upstream_throttled_total",
+    "tokengate_domain_pace_requests_per_second",
+)
 # Bob may send one request a minute: his second and later requests get 429.
 KEYS: dict[str, dict[str, Any]] = {"alice": {}, "bob": {"requests_per_minute": 1}}
 PHASE2_ALICE, PHASE2_BOB = 36, 4  # 10 % refused: TokengateHighRateLimitRatio's case

@@ -1,15 +1,13 @@
-"""The domain pacer's arithmetic, driven through `PaceState` (Python) and `pace.lua`
-(the shared pacer, on a real `redis-server`) with the same cases and a given clock."""
+"""The domain pacer's arithmetic on a given clock. Every case taking `make` runs here
+through `PaceState` and again, unchanged, through `pace.lua` on a real redis-server in
+tests/e2e/test_pace_parity.py (unit tests start no servers)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from importlib import resources
 from typing import Any, Protocol
 
 import pytest
-import redis as redis_lib
 
 from app.limits.pacing import (
     ACCEPTED_SHARE,
@@ -22,7 +20,6 @@ from app.limits.pacing import (
     parse_duration,
     rate_headers,
 )
-from tests.support.procs import redis_server
 
 MS = 0.0015  # the Lua side answers in whole milliseconds
 
@@ -57,60 +54,10 @@ class PyPace:
         return max(0.0, self.state.cool_until - now)
 
 
-class LuaPace:
-    def __init__(self, client: Any, rpm: float | None, tpm: float | None, window: float) -> None:
-        self.script = client.register_script(
-            resources.files("app.limits").joinpath("pace.lua").read_text("utf-8")
-        )
-        self.key = f"test:pace:{id(self)}"
-        self.ceilings = [-1 if q is None else q / 60 * HEADROOM for q in (rpm, tpm)]
-        self.window = window
-
-    def _call(self, op: str, now: float, *extra: Any) -> list[Any]:
-        args = [op, *self.ceilings, self.window, repr(now), *extra]
-        return list(self.script(keys=[self.key], args=args))
-
-    def reserve(self, now: float, requests: int = 1, tokens: int = 0) -> float:
-        return int(self._call("reserve", now, requests, tokens)[0]) / 1000
-
-    def throttled(self, now: float, wait: float | None, sent_at: float, accepted: float) -> bool:
-        wait_ms = -1 if wait is None else round(wait * 1000)
-        ago = round((now - sent_at) * 1000)
-        return bool(int(self._call("throttled", now, wait_ms, ago, accepted)[0]))
-
-    def observe(self, now: float, headers: RateHeaders) -> None:
-        exhausted = headers.exhausted_for
-        self._call(
-            "observe",
-            now,
-            headers.limit_requests or -1,
-            headers.limit_tokens or -1,
-            -1 if exhausted is None else round(exhausted * 1000),
-        )
-
-    def rate(self, now: float) -> float | None:
-        value = float(self._call("state", now)[2])
-        return None if value < 0 else value
-
-    def cooling(self, now: float) -> float:
-        return int(self._call("state", now)[1]) / 1000
-
-
-@pytest.fixture(scope="module")
-def _redis_client() -> Iterator[Any]:
-    with redis_server() as server:
-        client = redis_lib.Redis(port=server.port, decode_responses=True)
-        yield client
-        client.close()
-
-
-@pytest.fixture(params=["python", "lua"])
-def make(request: pytest.FixtureRequest) -> Any:
+@pytest.fixture
+def make() -> Any:
     """`make(rpm, tpm, window)` -> a pacer of the kind under test."""
-    if request.param == "python":
-        return PyPace
-    client = request.getfixturevalue("_redis_client")
-    return lambda rpm, tpm, window: LuaPace(client, rpm, tpm, window)
+    return PyPace
 
 
 def grants(pace: Pace, count: int, at: float = 1000.0) -> list[float]:
@@ -169,6 +116,14 @@ def test_in_flight_429s_of_one_overload_are_one_episode(make: Any) -> None:
     assert not pace.throttled(1000.05, 0.8, 999.95, accepted=3.0)
     assert pace.rate(1000.5) == pytest.approx(learned, rel=1e-3)
     assert pace.cooling(1000.05) == pytest.approx(0.8, abs=MS)  # the longer wait counts
+
+
+def test_one_429_cools_the_domain_down_for_a_minute_at_most(make: Any) -> None:
+    pace = make(None, None, 1.0)
+    assert pace.throttled(1000.0, 3600.0, 999.9, accepted=5.0)
+    assert pace.cooling(1000.0) == pytest.approx(60.0, abs=MS)
+    assert not pace.throttled(1000.1, 7200.0, 999.95, accepted=5.0)  # same episode
+    assert pace.cooling(1000.1) == pytest.approx(60.0, abs=MS)
 
 
 def test_without_a_measure_the_rate_drops_by_beta(make: Any) -> None:

@@ -1,0 +1,75 @@
+"""`pace.lua` (the pacer replicas share through Redis) against the same cases as
+`PaceState`: every case of tests/unit/limits/test_pace.py that takes `make` runs here
+again, unchanged, on a real redis-server with the clock given to the script."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import pytest
+import redis as redis_lib
+
+from app.limits.pacing import HEADROOM, RateHeaders
+from tests.support.procs import redis_server
+from tests.unit.limits import test_pace as cases
+
+# The cases, collected here too; this module's `make` hands them the Lua pacer.
+for _name, _case in vars(cases).items():
+    if _name.startswith("test_") and "make" in inspect.signature(_case).parameters:
+        globals()[_name] = _case
+
+
+class LuaPace:
+    def __init__(self, client: Any, rpm: float | None, tpm: float | None, window: float) -> None:
+        self.script = client.register_script(
+            resources.files("app.limits").joinpath("pace.lua").read_text("utf-8")
+        )
+        self.key = f"test:pace:{uuid.uuid4().hex}"  # a fresh state per pacer
+        self.ceilings = [-1 if q is None else q / 60 * HEADROOM for q in (rpm, tpm)]
+        self.window = window
+
+    def _call(self, op: str, now: float, *extra: Any) -> list[Any]:
+        args = [op, *self.ceilings, self.window, repr(now), *extra]
+        return list(self.script(keys=[self.key], args=args))
+
+    def reserve(self, now: float, requests: int = 1, tokens: int = 0) -> float:
+        return int(self._call("reserve", now, requests, tokens)[0]) / 1000
+
+    def throttled(self, now: float, wait: float | None, sent_at: float, accepted: float) -> bool:
+        wait_ms = -1 if wait is None else round(wait * 1000)
+        ago = round((now - sent_at) * 1000)
+        return bool(int(self._call("throttled", now, wait_ms, ago, accepted)[0]))
+
+    def observe(self, now: float, headers: RateHeaders) -> None:
+        exhausted = headers.exhausted_for
+        self._call(
+            "observe",
+            now,
+            headers.limit_requests or -1,
+            headers.limit_tokens or -1,
+            -1 if exhausted is None else round(exhausted * 1000),
+        )
+
+    def rate(self, now: float) -> float | None:
+        value = float(self._call("state", now)[2])
+        return None if value < 0 else value
+
+    def cooling(self, now: float) -> float:
+        return int(self._call("state", now)[1]) / 1000
+
+
+@pytest.fixture(scope="module")
+def _redis_client() -> Iterator[Any]:
+    with redis_server() as server:
+        client = redis_lib.Redis(port=server.port, decode_responses=True)
+        yield client
+        client.close()
+
+
+@pytest.fixture
+def make(_redis_client: Any) -> Any:
+    return lambda rpm, tpm, window: LuaPace(_redis_client, rpm, tpm, window)
