@@ -31,13 +31,12 @@ else
 end
 
 local FIELDS = {'tat_r', 'tat_t', 'learned', 'learned_at', 'cool_until', 'backoff',
-                'episode_at', 'header_r', 'header_t'}
+                'header_r', 'header_t'}
 local s = {}
 local raw = redis.call('HMGET', KEYS[1], unpack(FIELDS))
 for i, name in ipairs(FIELDS) do s[name] = tonumber(raw[i]) end
 s.tat_r, s.tat_t = s.tat_r or 0, s.tat_t or 0
 s.learned_at, s.cool_until, s.backoff = s.learned_at or 0, s.cool_until or 0, s.backoff or 0
-s.episode_at = s.episode_at or -1e18
 
 local function lowest(a, b)
   if a == nil then return b end
@@ -138,7 +137,6 @@ elseif op == 'throttled' then
     end
     wait = s.backoff
   end
-  s.episode_at = now
   local current = rate()
   if accepted > 0 then
     local target = ACCEPTED_SHARE * accepted

@@ -99,7 +99,6 @@ class PaceState:
         self.learned_at = 0.0  # growth counts from here (the end of that cool-down)
         self.cool_until = 0.0
         self.backoff = 0.0
-        self.episode_at = -math.inf
         self.tat_r = self.tat_t = 0.0
 
     # -- what the pace is now -------------------------------------------------------
@@ -158,8 +157,8 @@ class PaceState:
     def throttled(self, now: float, throttle: Throttle, accepted: float) -> bool:
         """A 429. True if it began a new episode (the rate was lowered).
 
-        `accepted`: requests/s the upstream answered lately, the base of the first
-        decrease from an unbounded rate."""
+        `accepted`: requests/s the upstream answered lately (since the last cool-down
+        ended), what the new rate is aimed under; 0 when nothing got through."""
         if throttle.sent_at < self.cool_until:
             # Sent before this episode's cool-down ended: the same overload, seen again.
             if throttle.wait is not None:
@@ -174,7 +173,6 @@ class PaceState:
             back_to_back = accepted <= 0 and self.backoff > 0
             self.backoff = min(MAX_BACKOFF, 2 * self.backoff) if back_to_back else FIRST_BACKOFF
             wait = self.backoff
-        self.episode_at = now
         self.learned = learned_rate(self.rate(now), accepted)
         self._cool(now + min(max(wait, 0.05), MAX_COOL_DOWN))
         self.learned_at = self.cool_until
