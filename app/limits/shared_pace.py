@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from app.limits.pacing import AcceptedRate, LocalPacer, PaceState, RateHeaders, Throttle
+from app.limits.pacing import LocalPacer, PaceState, RateHeaders, Throttle
 
 
 class PaceScripts(Protocol):
@@ -31,8 +31,8 @@ class RedisPacer:
     def __init__(self, store: PaceScripts, key: str, state: PaceState) -> None:
         self.store, self.key, self.state = store, key, state
         self.now = time.monotonic
-        self.accepted = AcceptedRate()
         self._local = LocalPacer(state, self.now)
+        self.accepted = self._local.accepted  # one measure, also for the fallback
         self._rate: float | None = state.ceiling()
         self._learned = False
 
