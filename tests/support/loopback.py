@@ -200,6 +200,14 @@ def serve(*answers: bytes) -> Handler:
     return handler
 
 
+async def trickle_body(peer: Peer) -> None:
+    """Answer 200 with a 1000-byte body sent a byte every 20 ms: never silent long enough
+    for a read timeout, so only a total deadline can end it."""
+    await peer.request()
+    await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+    await peer.trickle([b"x"] * 1000, 0.02)
+
+
 async def within(aw: Awaitable[T], seconds: float = WAIT) -> T:
     async with asyncio.timeout(seconds):
         return await aw

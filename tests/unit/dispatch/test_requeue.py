@@ -29,11 +29,16 @@ def keys(q: DomainQueue, n: int) -> list[str]:
     return out
 
 
-async def test_a_requeued_job_goes_next_and_its_key_keeps_its_fair_share() -> None:
+def two_keys() -> DomainQueue:
     q = DomainQueue(100)
     for _ in range(4):
         q.push(job("a"))
         q.push(job("b"))
+    return q
+
+
+async def test_a_requeued_job_goes_next_and_its_key_keeps_its_fair_share() -> None:
+    q = two_keys()
     first = q.pop()
     assert first is not None and first.key == "a"
     q.push_front(first)  # the upstream said 429
@@ -43,10 +48,7 @@ async def test_a_requeued_job_goes_next_and_its_key_keeps_its_fair_share() -> No
 
 async def test_without_the_refund_the_key_would_lose_turns() -> None:
     # The control for the test above: a job pushed back as a new arrival waits its turn.
-    q = DomainQueue(100)
-    for _ in range(4):
-        q.push(job("a"))
-        q.push(job("b"))
+    q = two_keys()
     first = q.pop()
     assert first is not None
     q.push(first)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.upstream.client import AiohttpTransport, HttpxTransport, Timeouts, Transport
-from tests.support.loopback import Peer, Upstream, ok, serve, within
+from tests.support.loopback import Upstream, ok, serve, trickle_body, within
 
 
 def aio() -> Transport:
@@ -46,12 +46,7 @@ async def test_aiohttp_refusing_a_header_is_a_bad_request_not_a_value_error() ->
 
 
 async def test_httpx_total_deadline_bounds_the_body_too() -> None:
-    async def handler(peer: Peer) -> None:
-        await peer.request()
-        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
-        await peer.trickle([b"x"] * 1000, 0.02)  # never silent for a read timeout
-
-    async with Upstream(handler) as up:
+    async with Upstream(trickle_body) as up:
         t = hx(total=0.3)
         try:
             resp = await within(t.request("POST", up.url(), {}, b"{}", stream=False))

@@ -39,6 +39,7 @@ from tests.support.loopback import (
     ok,
     post,
     serve,
+    trickle_body,
     unanswered_port,
     until,
     within,
@@ -357,12 +358,7 @@ async def test_stream_silent_after_its_head_times_out() -> None:
 
 
 async def test_total_deadline_bounds_a_trickling_non_streamed_answer() -> None:
-    async def handler(peer: Peer) -> None:
-        await peer.request()
-        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
-        await peer.trickle([b"x"] * 1000, 0.02)  # never silent for a read timeout
-
-    async with Upstream(handler) as up:
+    async with Upstream(trickle_body) as up:
         t = up.client(read=0.2, total=0.3)
         loop = asyncio.get_running_loop()
         start = loop.time()
