@@ -177,6 +177,9 @@ async def test_redis_outage_fails_open_visibly_and_recovers(
         sim.url,
     )
     assert (await burst(gw, 3))[0].status_code == 200
+    # /admin/usage waits for the settles still in flight: all 3 are in Redis before it
+    # dies (a settle the outage caught would be kept and replayed, and counted below).
+    assert usage(gw)[0]["requests"] == 3
     redis.kill()
     responses = await burst(gw, 3)
     assert [r.status_code for r in responses] == [200] * 3  # fail-open: still served
