@@ -210,7 +210,8 @@ class Dispatcher:
         self._wake.set()
         # A timer that fails the job's own future, not `asyncio.wait_for` (which wraps the
         # wait in another future per request): a grant and an expiry can not both happen.
-        left = job.enqueued_at + self.max_wait - self.clock()
+        pushed = self.clock()
+        left = job.enqueued_at + self.max_wait - pushed
         timer = job.granted.get_loop().call_later(max(0.0, left), job.expire)
         try:
             await job.granted
@@ -230,7 +231,7 @@ class Dispatcher:
             raise
         finally:
             timer.cancel()
-        self.metrics.record_queue_wait(self.domain, self.clock() - job.enqueued_at)
+        self.metrics.record_queue_wait(self.domain, self.clock() - pushed)
         return Slot(self, job.key, job.priority, job.cost, job.enqueued_at, job.tag)
 
     def _forget(self, job: Job) -> None:
@@ -287,16 +288,28 @@ class Dispatcher:
                 # Wait for the quota *before* choosing: a request picked first could expire
                 # while it waited, and fair queuing would have charged its key for nothing.
                 await self._pace(1, 0)
-            job = self._next_waiting()
-            if job is not None and paced:
-                await self._pace(0, job.cost)
-            while job is not None and not job.grant():  # gave up meanwhile: the next goes
-                job = self._next_waiting()
+            job = await self._grant_next(paced)
             if job is None:
                 break
-            self._take(job.priority == "batch")
             released += 1
         return released
+
+    async def _grant_next(self, paced: bool) -> Job | None:
+        """Grant the next waiting job, after booking its tokens; None if nobody waits or
+        the pacing awaits let another request take the last slot (the job goes back)."""
+        while (job := self._next_waiting()) is not None:
+            if paced:
+                await self._pace(0, job.cost)
+            batch = job.priority == "batch"
+            if self.inflight >= self.max_inflight or (
+                batch and self.batch_inflight >= self.batch_cap
+            ):
+                self.queue.push_front(job)  # refunded; it goes first when a slot frees
+                return None
+            if job.grant():
+                self._take(batch)
+                return job
+        return None
 
     def _next_waiting(self) -> Job | None:
         while True:

@@ -81,7 +81,9 @@ class _ClassLanes:
                 continue
             self.vtime = start
             head.tag = start
-            self.finish[key] = start + _charge(head)
+            # max(): a requeued head goes at its old tag, after later jobs of its key were
+            # charged; its charge comes on top of theirs, not instead of them.
+            self.finish[key] = max(self.finish.get(key, 0.0), start) + _charge(head)
             self._after(key, lane)
             return head
         return None

@@ -68,7 +68,7 @@ end
 
 local function gcra(tat, at_least, amount, r)
   local quota = r * window
-  local burst = math.max(1.0, BURST_SHARE * quota)
+  local burst = math.max(1.0, math.floor(BURST_SHARE * quota))
   local spacing = math.max(r - (burst - 1) / window, r / 2)
   tat = math.max(tat, at_least)
   local tolerance = (burst - math.min(amount, burst)) / spacing
@@ -88,7 +88,7 @@ local function save()
   for _, name in ipairs(FIELDS) do
     if s[name] ~= nil then
       table.insert(args, name)
-      table.insert(args, tostring(s[name]))
+      table.insert(args, string.format('%.17g', s[name]))  -- tostring keeps 14 digits
     end
   end
   redis.call('DEL', KEYS[1])
@@ -153,8 +153,8 @@ elseif op == 'throttled' then
   return reply(1)
 elseif op == 'observe' then
   local limit_r, limit_t, exhausted = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-  if limit_r > 0 then s.header_r = limit_r / 60 * HEADROOM end
-  if limit_t > 0 then s.header_t = limit_t / 60 * HEADROOM end
+  if limit_r >= 1 then s.header_r = limit_r / 60 * HEADROOM end
+  if limit_t >= 1 then s.header_t = limit_t / 60 * HEADROOM end
   if exhausted >= 0 then cool(now + math.min(exhausted / 1000, window)) end
   save()
   return reply(0)

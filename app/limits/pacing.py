@@ -180,9 +180,10 @@ class PaceState:
 
     def observe(self, now: float, headers: RateHeaders) -> None:
         """Limits and remaining counts the upstream advertises on any answer."""
-        if headers.limit_requests:
+        # Below one a minute is no limit an upstream means: ignored, it would stall us.
+        if headers.limit_requests and headers.limit_requests >= 1:
             self.header_r = headers.limit_requests / 60 * HEADROOM
-        if headers.limit_tokens:
+        if headers.limit_tokens and headers.limit_tokens >= 1:
             self.header_t = headers.limit_tokens / 60 * HEADROOM
         exhausted = headers.exhausted_for
         if exhausted is not None:
@@ -225,7 +226,7 @@ def _gcra(tat: float, now: float, amount: float, rate: float, window: float) -> 
     in a `window`-long interval and the burst adds burst - 1, so none holds more than
     rate x window (rate has the headroom in it, so that is a little under the quota)."""
     quota = rate * window
-    burst = max(1.0, BURST_SHARE * quota)
+    burst = max(1.0, math.floor(BURST_SHARE * quota))  # whole requests: a part would round up
     spacing = max(rate - (burst - 1) / window, rate / 2)
     tat = max(tat, now)
     # A request larger than the burst goes once nothing is booked ahead of it, and is
@@ -419,4 +420,4 @@ def parse_duration(raw: str | None) -> float | None:
             return None
         number = ""
         i += len(unit)
-    return None if number else total
+    return None if number or not math.isfinite(total) else total

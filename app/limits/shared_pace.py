@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from app.limits.pacing import LocalPacer, PaceState, RateHeaders, Throttle
+from app.limits.pacing import MAX_COOL_DOWN, LocalPacer, PaceState, RateHeaders, Throttle
 
 
 class PaceScripts(Protocol):
@@ -34,6 +34,7 @@ class RedisPacer:
         self._local = LocalPacer(state, self.now)
         self.accepted = self._local.accepted  # one measure, also for the fallback
         self._rate: float | None = state.ceiling()
+        self._token_rate: float | None = state.ceiling_t
         self._learned = False
 
     def _args(self, op: str, *extra: Any) -> list[Any]:
@@ -43,18 +44,23 @@ class RedisPacer:
 
     def _apply(self, raw: list[Any]) -> float:
         """Mirror a reply; the first field back (op-specific)."""
-        first, cool_ms, rate, _token_rate, learned = raw
+        first, cool_ms, rate, token_rate, learned = raw
         self.state.cool_until = self.now() + int(cool_ms) / 1000
-        value = float(rate)
+        value, tokens = float(rate), float(token_rate)
         self._rate = None if value < 0 else value
+        self._token_rate = None if tokens < 0 else tokens
         self._learned = bool(int(learned))
         return float(first)
 
     def bounded(self) -> bool:
-        return self._rate is not None or self.cooling() > 0 or self.state.ceiling_t is not None
+        if not self.store.up:
+            return self._local.bounded()
+        return self._rate is not None or self.cooling() > 0 or self._token_rate is not None
 
     def ready(self, tokens: int) -> bool:
-        return self.cooling() == 0  # the shared bookings are only known by asking
+        # The shared bookings are only known by asking, so a paced request always goes
+        # through the queue (priority, fairness, its deadline), never sleeps on a slot.
+        return not self.bounded()
 
     def cooling(self) -> float:
         return max(0.0, self.state.cool_until - self.now())
@@ -68,7 +74,7 @@ class RedisPacer:
     async def throttled(self, throttle: Throttle) -> float:
         now = self.now()
         before = max(now, self.state.cool_until)
-        wait = -1 if throttle.wait is None else round(throttle.wait * 1000)
+        wait = -1 if throttle.wait is None else round(min(throttle.wait, MAX_COOL_DOWN) * 1000)
         ago = max(0, round((now - throttle.sent_at) * 1000))
         args = self._args("throttled", wait, ago, self.accepted.rate(now, self.state.cool_until))
         raw = await self.store.pace(self.key, args)
@@ -85,7 +91,7 @@ class RedisPacer:
             "observe",
             headers.limit_requests or -1,
             headers.limit_tokens or -1,
-            -1 if exhausted is None else round(exhausted * 1000),
+            -1 if exhausted is None else round(min(exhausted, self.state.window) * 1000),
         )
         raw = await self.store.pace(self.key, args)
         if raw is None:

@@ -233,7 +233,11 @@ class Proxy:
         """An upstream 429 is flow control: cool the domain down and queue again, at the
         head, until the cool-down ends or max_queue_wait_ms runs out (503 then)."""
         pacer = domain.dispatcher.pacer
-        cooled = await pacer.throttled(Throttle(failure.retry_after, slot.sent_at))
+        try:
+            cooled = await pacer.throttled(Throttle(failure.retry_after, slot.sent_at))
+        except BaseException:  # cancelled while telling Redis: the slot is still ours
+            slot.release()
+            raise
         self.metrics.record_throttled(domain.name, cooled)
         queued = self.clock()
         try:
@@ -280,11 +284,14 @@ class Proxy:
         advertised = rate_headers(resp.headers)
         if resp.status != 429:
             domain.dispatcher.pacer.answered()
-            if advertised is not None:
+        if advertised is not None:
+            if resp.status == 429:  # the wait is the throttle's; keep only the limits
+                advertised = RateHeaders(advertised.limit_requests, advertised.limit_tokens)
+            try:
                 await self._advertised(domain, advertised)
-        elif advertised is not None:  # the wait is the throttle's; keep only the limits
-            limits = RateHeaders(advertised.limit_requests, advertised.limit_tokens)
-            await self._advertised(domain, limits)
+            except BaseException:  # the answer is still open: let its connection go
+                await resp.close()
+                raise
         if resp.status >= 300:
             data = await resp.read()
             raise _status_failure(resp.status, data, resp.headers)

@@ -15,6 +15,7 @@ so it is answered at once after this one attempt.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 import orjson
@@ -157,17 +158,16 @@ def _insufficient_quota(body: bytes) -> bool:
 
 
 def parse_retry_after(headers: dict[str, str]) -> float | None:
-    """`retry-after-ms` (OpenAI's, exact) first, then `retry-after` in seconds."""
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
+    """`retry-after-ms` (OpenAI's, exact) first, then `retry-after` in seconds; anything
+    not a finite number (an HTTP date, `inf`, `nan`) is no hint at all."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if not raw:
+            continue
         try:
-            return max(0.0, float(raw_ms) / 1000)
+            value = float(raw) / scale
         except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if raw:
-        try:
-            return max(0.0, float(raw))
-        except ValueError:
-            return None  # an HTTP date: rare from APIs, fall back to our own backoff
+            continue
+        if math.isfinite(value):
+            return max(0.0, value)
     return None

@@ -149,3 +149,74 @@ async def _keep_cooling(pacer: LocalPacer, seconds: float) -> None:
     while loop.time() < end:
         pacer.state._cool(pacer.now() + 0.1)
         await asyncio.sleep(0.05)
+
+
+async def test_requeues_after_later_turns_do_not_let_a_key_starve_the_others() -> None:
+    # Two of a's requests are in flight and the older one gets a 429, again and again:
+    # its charge must come on top of the newer one's, or every requeue wins a a free turn.
+    q = DomainQueue(1000)
+    for _ in range(40):
+        q.push(job("a"))
+        q.push(job("b"))
+    order, in_flight = [], []
+    for _ in range(40):
+        popped = q.pop()
+        assert popped is not None
+        order.append(popped.key)
+        if popped.key == "a":
+            in_flight.append(popped)
+            if len(in_flight) == 2:
+                q.push_front(in_flight[0])
+                in_flight.clear()
+    # Per cycle a is served twice (once again after its 429) and b once: equal new work.
+    assert order.count("b") >= 12, "".join(order)
+
+
+class SlowPacer:
+    """A pacer whose every booking takes a round trip (like Redis), and that lets
+    arrivals take a free slot at once."""
+
+    shared = True
+    state = PaceState(None, None, 1.0)
+
+    def bounded(self) -> bool:
+        return True
+
+    def ready(self, tokens: int) -> bool:
+        return True
+
+    def cooling(self) -> float:
+        return 0.0
+
+    async def reserve(self, requests: int, tokens: int) -> float:
+        await asyncio.sleep(0.05)
+        return 0.0
+
+
+async def test_a_slot_taken_during_the_pacing_round_trip_is_not_granted_twice() -> None:
+    d = Dispatcher(
+        "d",
+        batch_size=4,
+        batch_window_ms=0,
+        queue_capacity=10,
+        max_queue_wait_ms=5000,
+        max_inflight=2,
+        pacer=SlowPacer(),  # type: ignore[arg-type]
+        metrics=Metrics(new_registry()),
+    )
+    d.start()
+    first = await d.acquire("a", "normal", 1)
+    second = await d.acquire("b", "normal", 1)
+    queued = asyncio.ensure_future(d.acquire("c", "normal", 1))
+    await asyncio.sleep(0.01)
+    first.release()  # the loop pops `c` and books for it: two round trips
+    await asyncio.sleep(0.07)
+    arrival = await d.acquire("d", "normal", 1)  # the queue is empty: it takes the slot
+    await asyncio.sleep(0.1)
+    assert d.inflight == 2 and not queued.done()  # `c` went back, it did not overbook
+    second.release()
+    third = await asyncio.wait_for(queued, 1)
+    assert d.inflight == 2
+    for slot in (arrival, third):
+        slot.release()
+    await d.stop()

@@ -20,6 +20,7 @@ from app.limits.pacing import (
     parse_duration,
     rate_headers,
 )
+from app.upstream.attempt import parse_retry_after
 
 MS = 0.0015  # the Lua side answers in whole milliseconds
 
@@ -209,3 +210,34 @@ def test_rate_headers_are_read_only_when_sent() -> None:
     assert (parsed.limit_requests, parsed.limit_tokens) == (600, None)
     assert parsed.exhausted_for == pytest.approx(0.12)
     assert not math.isnan(parsed.limit_requests or 0)
+
+
+def test_high_rates_keep_their_spacing_on_an_epoch_clock(make: Any) -> None:
+    # Seconds since 1970 leave few digits for fractions: stored times must keep them all.
+    times = grants(make(30_000, None, 1.0), 3000, at=1.7e9)
+    rate = 30_000 / 60 * HEADROOM
+    burst = math.floor(0.05 * rate)
+    sustained = (len(times) - burst) / (times[-1] - times[0])
+    assert sustained == pytest.approx(rate - (burst - 1), rel=1e-3)
+    assert most_in_any(times, 1.0) <= 500  # under the real quota, 500 a second
+
+
+@pytest.mark.parametrize(
+    ("headers", "wait"),
+    [
+        ({"retry-after": "inf"}, None),
+        ({"retry-after-ms": "1e400"}, None),
+        ({"retry-after": "nan", "retry-after-ms": "nan"}, None),
+        ({"retry-after-ms": "x", "retry-after": "2"}, 2.0),
+        ({"retry-after": "-3"}, 0.0),
+    ],
+)
+def test_only_finite_waits_are_hints(headers: dict[str, str], wait: float | None) -> None:
+    assert parse_retry_after(headers) == wait
+
+
+def test_absurd_advertised_values_are_ignored() -> None:
+    assert parse_duration("9" * 400 + "s") is None
+    state = PaceState(600, None, 1.0)
+    state.observe(1000.0, RateHeaders(limit_requests=1e-7))  # not a limit anyone means
+    assert state.rate(1000.0) == pytest.approx(600 / 60 * HEADROOM)

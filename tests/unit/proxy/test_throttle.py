@@ -180,3 +180,21 @@ def test_without_redis_each_worker_paces_its_share_of_the_domain_quota(
         gw = Gateway(runtime, Metrics(new_registry()))
         # 98 % of the share, per second: four workers together stay under the quota.
         assert gw.domains[0].dispatcher.pacer.rate() == pytest.approx(share / 60 * 0.98)
+
+
+async def test_a_failure_while_recording_a_429_gives_the_slot_back(
+    make: Callable[..., Gateway],
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, json={"error": {}})
+
+    gw = make(handler)
+    pacer = gw.domains[0].dispatcher.pacer
+
+    async def broken(throttle: object) -> float:
+        raise RuntimeError("shared state unreachable")
+
+    pacer.throttled = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await ask(gw)
+    assert gw.domains[0].dispatcher.inflight == 0  # not leaked: max_inflight stays whole
