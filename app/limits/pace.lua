@@ -16,6 +16,7 @@
 -- rate / token_rate are strings ("-1": unbounded); the hash expires after a quiet hour.
 local HEADROOM, BETA, ACCEPTED_SHARE, GROWTH, MIN_STEP, MIN_RATE = 0.98, 0.7, 0.9, 0.03, 0.2, 0.2
 local BURST_SHARE, FIRST_BACKOFF, MAX_BACKOFF, MAX_COOL_DOWN = 0.05, 1.0, 16.0, 60.0
+local FORGET = 2.0
 local TTL_MS = 3600000
 
 local op = ARGV[1]
@@ -51,7 +52,9 @@ local function rate()
   if s.learned == nil then return top end
   local step = math.max(GROWTH * s.learned, MIN_STEP)
   local grown = s.learned + step * math.max(0, now - s.learned_at)
-  if top ~= nil and grown >= top then
+  local limit = top
+  if limit == nil then limit = FORGET * s.learned end
+  if grown >= limit then
     s.learned = nil
     return top
   end

@@ -43,6 +43,7 @@ ACCEPTED_SHARE = 0.9  # ... with one: this share of the rate the upstream accept
 GROWTH = 0.03  # additive increase: this share of the decreased rate, per second
 MIN_STEP = 0.2  # ... and at least this many requests/s per second
 MIN_RATE = 0.2  # requests/s: the learned rate never drops below
+FORGET = 2.0  # without a ceiling, a learned rate that doubled without a 429 is forgotten
 BURST_SHARE = 0.05  # of a window's quota that may go at once
 FIRST_BACKOFF = 1.0  # seconds: a header-less 429's first cool-down
 MAX_BACKOFF = 16.0
@@ -112,8 +113,11 @@ class PaceState:
             return ceiling
         step = max(GROWTH * self.learned, MIN_STEP)
         grown = self.learned + step * max(0.0, now - self.learned_at)
-        if ceiling is not None and grown >= ceiling:
-            self.learned = None  # back at the ceiling: nothing learned any more
+        top = ceiling if ceiling is not None else FORGET * self.learned
+        if grown >= top:
+            # Back at the ceiling, or (with none) twice the rate learned without a 429:
+            # nothing learned any more, and an unbounded domain stops being paced.
+            self.learned = None
             return ceiling
         return grown
 

@@ -165,6 +165,14 @@ def test_the_learned_rate_grows_back_linearly_to_the_ceiling(make: Any) -> None:
     assert pace.rate(1100.0) == pytest.approx(ceiling, rel=1e-3)
 
 
+def test_without_a_ceiling_a_rate_that_doubled_is_forgotten(make: Any) -> None:
+    pace = make(None, None, 1.0)
+    assert pace.throttled(1000.0, 0.5, 999.9, accepted=10.0)  # learned 9/s from 1000.5
+    assert pace.rate(1010.0) == pytest.approx(9.0 + 0.27 * 9.5, rel=1e-3)
+    assert pace.rate(1034.0) is None  # 9 + 0.27 x 33.5 > 18: unbounded again
+    assert pace.reserve(1034.0) == 0
+
+
 def test_advertised_limits_lower_the_ceiling_and_an_empty_remaining_pauses(make: Any) -> None:
     pace = make(1200, None, 1.0)
     pace.observe(1000.0, RateHeaders(limit_requests=600))
