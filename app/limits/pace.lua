@@ -12,7 +12,9 @@
 --                                              -> {new_episode, cool_ms, rate, token_rate, learned}
 --   observe:   ..., limit_r|-1, limit_t|-1, exhausted_ms|-1   (limits per minute)
 --                                              -> {0, cool_ms, rate, token_rate, learned}
---   state:     ...                            -> {0, cool_ms, rate, token_rate, learned}
+--   state:     ..., answered                  -> {0, cool_ms, rate, token_rate, learned}
+--              (answered: this replica's upstream answers since its last `state` call,
+--               reported once a second, so a throttle knows what every replica got)
 -- rate / token_rate are strings ("-1": unbounded); the hash expires after a quiet hour.
 local HEADROOM, BETA, ACCEPTED_SHARE, GROWTH, MIN_STEP, MIN_RATE = 0.98, 0.7, 0.9, 0.03, 0.2, 0.2
 local BURST_SHARE, FIRST_BACKOFF, MAX_BACKOFF, MAX_COOL_DOWN = 0.05, 1.0, 16.0, 60.0
@@ -32,7 +34,7 @@ else
 end
 
 local FIELDS = {'tat_r', 'tat_t', 'learned', 'learned_at', 'cool_until', 'backoff',
-                'header_r', 'header_t'}
+                'header_r', 'header_t', 'a_sec', 'a_cur', 'a_prev'}
 local s = {}
 local raw = redis.call('HMGET', KEYS[1], unpack(FIELDS))
 for i, name in ipairs(FIELDS) do s[name] = tonumber(raw[i]) end
@@ -99,6 +101,24 @@ local function save()
   redis.call('PEXPIRE', KEYS[1], TTL_MS)
 end
 
+-- Answers every replica reported, per second (two buckets: the current and the last).
+local function count_answers(n)
+  local second = math.floor(now)
+  if s.a_sec == second then
+    s.a_cur = (s.a_cur or 0) + n
+  else
+    if s.a_sec == second - 1 then s.a_prev = s.a_cur or 0 else s.a_prev = 0 end
+    s.a_sec, s.a_cur = second, n
+  end
+end
+
+local function shared_accepted()
+  local second = math.floor(now)
+  if s.a_sec == second then return s.a_prev or 0 end
+  if s.a_sec == second - 1 then return s.a_cur or 0 end
+  return 0
+end
+
 local function reply(first)
   local r, t = rate(), token_rate()
   return {first, math.ceil(math.max(0, s.cool_until - now) * 1000),
@@ -140,6 +160,7 @@ elseif op == 'throttled' then
     end
     wait = s.backoff
   end
+  accepted = math.max(accepted, shared_accepted())
   local current = rate()
   if accepted > 0 then
     local target = ACCEPTED_SHARE * accepted
@@ -161,5 +182,11 @@ elseif op == 'observe' then
   if exhausted >= 0 then cool(now + math.min(exhausted / 1000, window)) end
   save()
   return reply(0)
+end
+-- state
+local answered = tonumber(ARGV[6] or '0') or 0
+if answered > 0 then
+  count_answers(answered)
+  save()
 end
 return reply(0)

@@ -36,6 +36,7 @@ class RedisPacer:
         self._rate: float | None = state.ceiling()
         self._token_rate: float | None = state.ceiling_t
         self._learned = False
+        self._unreported = 0  # answers not yet reported to the shared state
 
     def _args(self, op: str, *extra: Any) -> list[Any]:
         s = self.state
@@ -101,10 +102,14 @@ class RedisPacer:
 
     def answered(self) -> None:
         self.accepted.tick(self.now())
+        self._unreported += 1
 
     async def sync(self) -> None:
-        raw = await self.store.pace(self.key, self._args("state"))
+        """Once a second: read what other replicas learned, and report this one's answers
+        (a throttle then aims under what all replicas together got, not one's share)."""
+        raw = await self.store.pace(self.key, self._args("state", self._unreported))
         if raw is not None:
+            self._unreported = 0
             self._apply(raw)
 
     def rate(self) -> float | None:

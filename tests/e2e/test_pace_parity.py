@@ -24,11 +24,18 @@ for _name, _case in vars(cases).items():
 
 
 class LuaPace:
-    def __init__(self, client: Any, rpm: float | None, tpm: float | None, window: float) -> None:
+    def __init__(
+        self,
+        client: Any,
+        rpm: float | None,
+        tpm: float | None,
+        window: float,
+        key: str | None = None,
+    ) -> None:
         self.script = client.register_script(
             resources.files("app.limits").joinpath("pace.lua").read_text("utf-8")
         )
-        self.key = f"test:pace:{uuid.uuid4().hex}"  # a fresh state per pacer
+        self.key = key or f"test:pace:{uuid.uuid4().hex}"  # a fresh state per pacer
         self.ceilings = [-1 if q is None else q / 60 * HEADROOM for q in (rpm, tpm)]
         self.window = window
 
@@ -73,3 +80,22 @@ def _redis_client() -> Iterator[Any]:
 @pytest.fixture
 def make(_redis_client: Any) -> Any:
     return lambda rpm, tpm, window: LuaPace(_redis_client, rpm, tpm, window)
+
+
+# -- what only the shared pacer does ---------------------------------------------------------
+def test_a_throttle_aims_under_what_all_replicas_got(_redis_client: Any) -> None:
+    key = f"test:pace:{uuid.uuid4().hex}"
+    one, two = (LuaPace(_redis_client, None, None, 1.0, key) for _ in range(2))
+    # Each replica got 5 answers a second and reports them once a second (sync).
+    one._call("state", 1000.2, 5)
+    two._call("state", 1000.6, 5)
+    # One replica's 429: its own measure says 5/s, the upstream really took 10/s.
+    assert one.throttled(1001.3, 0.2, 1001.2, accepted=5.0)
+    assert two.rate(1001.5) == pytest.approx(0.9 * 10.0, rel=1e-3)  # not 0.9 x 5
+
+
+def test_reports_older_than_a_second_are_not_counted(_redis_client: Any) -> None:
+    pace = LuaPace(_redis_client, None, None, 1.0)
+    pace._call("state", 1000.2, 50)
+    assert pace.throttled(1005.0, 0.2, 1004.9, accepted=5.0)
+    assert pace.rate(1005.2) == pytest.approx(0.9 * 5.0, rel=1e-3)
