@@ -359,16 +359,17 @@ class LocalPacer:
         return self.state.rate(self.now())
 
     def snapshot(self) -> dict[str, object]:
-        return snapshot(self.state, self.now(), shared=False)
+        rate = self.rate()
+        return pace_view(False, rate, self.state.learned is not None, self.cooling())
 
 
-def snapshot(state: PaceState, now: float, *, shared: bool) -> dict[str, object]:
-    rate = state.rate(now)
+def pace_view(shared: bool, rate: float | None, learned: bool, cooling: float) -> dict[str, object]:
+    """A pacer as `/health/ready` and `/admin/status` show it."""
     return {
         "shared": shared,
         "requests_per_sec": None if rate is None else round(rate, 3),
-        "learned": state.learned is not None,
-        "cooldown_sec": round(max(0.0, state.cool_until - now), 3),
+        "learned": learned,
+        "cooldown_sec": round(cooling, 3),
     }
 
 

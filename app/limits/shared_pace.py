@@ -9,7 +9,14 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from app.limits.pacing import MAX_COOL_DOWN, LocalPacer, PaceState, RateHeaders, Throttle
+from app.limits.pacing import (
+    MAX_COOL_DOWN,
+    LocalPacer,
+    PaceState,
+    RateHeaders,
+    Throttle,
+    pace_view,
+)
 
 
 class PaceScripts(Protocol):
@@ -67,6 +74,8 @@ class RedisPacer:
         return max(0.0, self.state.cool_until - self.now())
 
     async def reserve(self, requests: int, tokens: int) -> float:
+        if not requests and self._token_rate is None and self.store.up:
+            return 0.0  # tokens are not paced: nothing to book, no round trip
         raw = await self.store.pace(self.key, self._args("reserve", requests, tokens))
         if raw is None:
             return await self._local.reserve(requests, tokens)
@@ -117,11 +126,5 @@ class RedisPacer:
 
     def snapshot(self) -> dict[str, object]:
         if not self.store.up:
-            return {**self._local.snapshot(), "shared": False}
-        rate = self._rate
-        return {
-            "shared": True,
-            "requests_per_sec": None if rate is None else round(rate, 3),
-            "learned": self._learned,
-            "cooldown_sec": round(self.cooling(), 3),
-        }
+            return self._local.snapshot()  # pacing alone meanwhile: not shared
+        return pace_view(True, self._rate, self._learned, self.cooling())

@@ -35,6 +35,9 @@ async def test_a_reservation_is_the_scripts_and_its_cool_down_is_mirrored() -> N
     assert not pacer.ready(1) and pacer.bounded()
     assert pacer.rate() == pytest.approx(9.8)
     assert pacer.snapshot()["shared"] is True and pacer.snapshot()["learned"] is True
+    # The second booking of a queued request (its tokens) costs no round trip when no
+    # token rate is paced.
+    assert await pacer.reserve(0, 500) == 0 and len(scripts.calls) == 1
 
 
 async def test_with_redis_down_it_paces_alone_from_the_configured_quota() -> None:
