@@ -50,16 +50,17 @@ test: install system-deps ## install everything, then run the whole suite
 test-fast: install system-deps ## the whole suite but the long scenarios marked `slow`
 	$(BIN)/python -m pytest -q -m "not slow"
 
-test-unit: install ## unit tests only (no servers)
+test-unit: install system-deps ## unit tests only (in-process, plus redis-server for the Lua parity cases)
 	$(BIN)/python -m pytest -q tests/unit
 
 test-e2e: install system-deps ## end-to-end tests only (real servers on loopback)
 	$(BIN)/python -m pytest -q tests/e2e
 
-lint: install ## ruff (lint + format check) and mypy --strict
+lint: install ## ruff (lint + format check), mypy --strict, the import layers (import-linter)
 	$(BIN)/ruff check app tests
 	$(BIN)/ruff format --check app tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix app tests

@@ -113,7 +113,7 @@ class ModelNotFound(NotFound):
 
 
 class MethodNotAllowed(GatewayError):
-    """A proxy route asked with another method than POST; says which one is allowed."""
+    """An edge route asked with another method than POST; says which one is allowed."""
 
     permanent = True
     status = 405

@@ -38,7 +38,7 @@ from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
-from app.proxy.pipeline import Proxy
+from app.pipeline.core import Pipeline
 from app.runtime import DomainSpec, KeySpec, Runtime
 from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
@@ -70,11 +70,11 @@ class Gateway:
         self.divisor = 1 if self.store.shared else max(1, runtime.workers)
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
         self.admission = Admission(self.store, metrics, divisor=self.divisor)
-        self.proxy = Proxy(runtime, self.domains, self.admission, metrics, self.spawn)
+        self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
         self.batch_store = BatchStore(Path(s.batch.path))
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
         self.batch_runner = BatchRunner(
-            self.batch_store, s.batch, self.proxy, lambda alias: self.keys.by_alias.get(alias)
+            self.batch_store, s.batch, self.pipeline, lambda alias: self.keys.by_alias.get(alias)
         )
         self.draining = False
         self._unresolved: set[str] = set()
@@ -106,8 +106,8 @@ class Gateway:
         sched, policy = s.token_scheduler, s.retry_policy
         dispatcher = Dispatcher(
             spec.name,
-            batch_size=sched.batch_size,
-            batch_window_ms=sched.batch_window_ms,
+            group_size=sched.batch_size,
+            group_window_ms=sched.batch_window_ms,
             queue_capacity=sched.queue_capacity,
             max_queue_wait_ms=sched.max_queue_wait_ms,
             max_inflight=spec.max_inflight,
@@ -206,7 +206,7 @@ class Gateway:
             new, domains=tuple(d.spec for d in self.domains if d.name in keep)
         )
         self.keys = KeyIndex(new.keys, enabled=new.auth_enabled, anonymous=_anonymous(new.settings))
-        self.proxy.configure(self.runtime)
+        self.pipeline.configure(self.runtime)
         self.metrics.add_models(self._configured_models())
         logging.getLogger("tokengate").setLevel(new.settings.logging.level.upper())
         self._check_routes()

@@ -19,8 +19,8 @@ from starlette.types import ASGIApp
 
 from app.api import admin, batches, errors, health, openai
 from app.api.disconnect import CancelOnDisconnect
+from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
-from app.api.proxy import ROUTES, ProxyRoutes
 from app.gateway import Gateway, TransportFactory
 from app.metrics import Metrics, new_registry
 from app.runtime import Runtime
@@ -34,7 +34,7 @@ def create_app(
     transport_factory: TransportFactory | None = None,
     handle_signals: bool = False,
 ) -> ASGIApp:
-    """The gateway's ASGI app: the pure-ASGI front (request id, disconnects, proxy routes)
+    """The gateway's ASGI app: the pure-ASGI front (request id, disconnects, edge routes)
     around FastAPI, which serves every other route."""
     gateway = Gateway(
         runtime, metrics or Metrics(new_registry()), transport_factory=transport_factory
@@ -74,7 +74,7 @@ def create_app(
     app.include_router(admin.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # Outside FastAPI, so a proxied request crosses none of its middleware layers.
-    front = ProxyRoutes(app, gateway)
+    front = EdgeRoutes(app, gateway)
     server = runtime.settings.server
     return RequestContext(
         CancelOnDisconnect(front),
@@ -85,16 +85,16 @@ def create_app(
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema plus the pure-ASGI proxy routes (`app.api.proxy`)."""
+    """FastAPI's schema plus the pure-ASGI edge routes (`app.api.edge`)."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         for path, endpoint in ROUTES.items():
-            schema["paths"][path] = {"post": _proxy_operation(endpoint.name)}
+            schema["paths"][path] = {"post": _edge_operation(endpoint.name)}
         app.openapi_schema = schema
     return app.openapi_schema
 
 
-def _proxy_operation(name: str) -> dict[str, Any]:
+def _edge_operation(name: str) -> dict[str, Any]:
     body = {
         "type": "object",
         "required": ["messages"] if name in ("chat", "messages") else [],
@@ -102,7 +102,7 @@ def _proxy_operation(name: str) -> dict[str, Any]:
     }
     return {
         "summary": f"{name} (proxied to the upstream of the serving domain)",
-        "operationId": f"proxy_{name}",
+        "operationId": f"create_{name}",
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": {
             "200": {"description": "the upstream's answer (JSON or text/event-stream)"},

@@ -26,6 +26,8 @@ from prometheus_client import (
 )
 from prometheus_client import multiprocess as _mp
 
+from app.kinds import TokenKind
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 MAX_MODEL_LABELS = 200
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -239,8 +241,8 @@ class Metrics:
             kids = self._answers[(domain, usage.key, m, status)] = (
                 self._child(self.requests, domain, m, str(status)),
                 self._child(self.duration, domain, m),
-                self._child(self.tokens, usage.key, m, "prompt"),
-                self._child(self.tokens, usage.key, m, "completion"),
+                self._child(self.tokens, usage.key, m, TokenKind.PROMPT),
+                self._child(self.tokens, usage.key, m, TokenKind.COMPLETION),
             )
         requests, duration, prompt, completion = kids
         requests.inc()
@@ -262,9 +264,9 @@ class Metrics:
     ) -> None:
         m = self.model_label(model)
         if prompt:
-            self._child(self.failed_tokens, key, m, "prompt").inc(prompt)
+            self._child(self.failed_tokens, key, m, TokenKind.PROMPT).inc(prompt)
         if completion:
-            self._child(self.failed_tokens, key, m, "completion").inc(completion)
+            self._child(self.failed_tokens, key, m, TokenKind.COMPLETION).inc(completion)
 
     def record_rate_limited(self, key: str, limit: str) -> None:
         self._child(self.rate_limited, key, limit).inc()
@@ -281,7 +283,7 @@ class Metrics:
     def record_fallback(self, model: str, fallback: str) -> None:
         self._child(self.fallbacks, self.model_label(model), self.model_label(fallback)).inc()
 
-    def record_batch(self, domain: str, size: int) -> None:
+    def record_group(self, domain: str, size: int) -> None:
         self._child(self.batch, domain).observe(size)
 
     def record_queue_wait(self, domain: str, seconds: float) -> None:

@@ -21,8 +21,7 @@ from pydantic import SecretStr
 
 from app.config.errors import ConfigError, Problem
 from app.config.schema import KeyConfig, ScaleUpConfig, Settings
-
-PRIORITIES = ("high", "normal", "low")
+from app.kinds import ApiStyle, Priority
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class DomainSpec:
     tokens_per_minute: int | None = None
     quota_window_sec: float = 1.0
     weight: float = 1.0
-    api_style: str = "openai"
+    api_style: ApiStyle = ApiStyle.OPENAI
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class KeySpec:
     digests: tuple[str, ...]
     tokens_per_minute: int
     requests_per_minute: int
-    priority: str = "normal"
+    priority: Priority = Priority.NORMAL
     models: frozenset[str] | None = None
     domain: str | None = None
     expires_at: datetime | None = None

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes served by FastAPI (the proxy POST routes are in `proxy.py`)."""
+"""OpenAI-compatible routes served by FastAPI (the proxied POST routes are in `edge.py`)."""
 
 from __future__ import annotations
 

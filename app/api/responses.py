@@ -10,11 +10,11 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.proxy.answer import JsonAnswer, StreamAnswer
+from app.pipeline.answer import JsonAnswer, StreamAnswer
 
 
 async def send_json(answer: JsonAnswer, send: Send) -> None:
-    """A JSON answer sent straight as the two ASGI messages: the proxy's hot path skips
+    """A JSON answer sent straight as the two ASGI messages: the edge routes' hot path skips
     building a Response object and its header normalisation."""
     headers = [
         (b"content-type", answer.content_type.encode("latin-1")),

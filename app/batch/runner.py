@@ -1,6 +1,6 @@
 """Runs batches: every item through the same pipeline as interactive traffic.
 
-An item is a `ProxyCall` of the submitting key (its limits, its ledger) in the `batch`
+An item is a `ClientRequest` of the submitting key (its limits, its ledger) in the `batch`
 queue class, which a domain serves only after every interactive class and only within
 `batch.share` of its slots: a batch uses the capacity interactive traffic leaves.
 
@@ -28,10 +28,11 @@ from app.batch.service import item_error, new_id, request_counts
 from app.batch.store import BatchStore, Item, StoredFile
 from app.config.schema import BatchConfig
 from app.errors import GatewayError, RateLimited, ServiceUnavailable, UpstreamRejected
-from app.proxy.answer import JsonAnswer
-from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint
-from app.proxy.pipeline import Proxy
-from app.proxy.wire import parse_call
+from app.kinds import QueueClass
+from app.pipeline.answer import JsonAnswer
+from app.pipeline.core import Pipeline
+from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint
+from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
 
 log = logging.getLogger("tokengate.batch")
@@ -44,12 +45,12 @@ class BatchRunner:
         self,
         store: BatchStore,
         cfg: BatchConfig,
-        proxy: Proxy,
+        pipeline: Pipeline,
         key_of: Callable[[str], KeySpec | None],
     ) -> None:
         self.store = store
         self.cfg = cfg
-        self.proxy = proxy
+        self.pipeline = pipeline
         self.key_of = key_of
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
         self.wake = asyncio.Event()
@@ -125,8 +126,8 @@ class BatchRunner:
         while True:
             try:
                 call = parse_call(endpoint, raw, key, request_id, {}, time.perf_counter())
-                call.priority = "batch"
-                answer = await self.proxy.handle(call)
+                call.priority = QueueClass.BATCH
+                answer = await self.pipeline.handle(call)
             except (RateLimited, ServiceUnavailable) as busy:
                 await asyncio.sleep(min(busy.retry_after or 1.0, _MAX_WAIT))
                 continue

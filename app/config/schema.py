@@ -16,7 +16,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Priority = Literal["high", "normal", "low"]
+from app.kinds import ApiStyle, Priority
+
 PositiveInt = Annotated[int, Field(gt=0)]
 DomainName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 
@@ -139,8 +140,8 @@ class ScaleUpConfig(Section):
     weight: float = Field(
         1.0, gt=0, description="Routing weight among domains serving the same model."
     )
-    api_style: Literal["openai", "anthropic", "both"] = Field(
-        "openai",
+    api_style: ApiStyle = Field(
+        ApiStyle.OPENAI,
         description="Which API the upstream speaks: `openai` (chat/completions/embeddings), "
         "`anthropic` (`POST /v1/messages`, authenticated with `x-api-key`) or `both`.",
     )
@@ -265,7 +266,7 @@ class KeyConfig(Section):
     )
     tokens_per_minute: PositiveInt | None = Field(None, description="Overrides the default.")
     requests_per_minute: PositiveInt | None = Field(None, description="Overrides the default.")
-    priority: Priority = Field("normal", description="Queue class: high, normal or low.")
+    priority: Priority = Field(Priority.NORMAL, description="Queue class: high, normal or low.")
     models: list[str] | None = Field(None, description="Models this key may use; unset = all.")
     domain: DomainName | None = Field(None, description="Pin this key to one domain.")
     expires_at: datetime | None = Field(

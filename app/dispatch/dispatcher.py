@@ -2,8 +2,9 @@
 
     request ──► acquire() ──nobody queued, a slot free, quota ready──► slot (at once)
                    │
-                   └─else──► DomainQueue ──► _run(): up to batch_size per group,
-                                             waiting ≤ batch_window_ms to fill it,
+                   └─else──► DomainQueue ──► _run(): up to group_size per dispatch
+                                             group (config `batch_size`), waiting
+                                             ≤ batch_window_ms to fill it,
                                              never past max_inflight, paced to the
                                              upstream quota ──► slot
 
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from app.dispatch.job import Job, QueueExpired
 from app.dispatch.queue import DomainQueue
 from app.errors import ServiceUnavailable
+from app.kinds import QueueClass
 from app.limits.pacing import Pacer
 from app.metrics import Metrics
 
@@ -60,14 +62,14 @@ class Slot:
         self,
         owner: Dispatcher,
         key: str,
-        priority: str,
+        priority: QueueClass,
         cost: int,
         since: float,
         tag: float = -1.0,
     ) -> None:
         self._owner = owner
         self.key, self.priority, self.cost = key, priority, cost
-        self.batch = priority == "batch"
+        self.batch = priority is QueueClass.BATCH
         self.since = since  # first arrival at this domain: the queue deadline counts from it
         self.tag = tag
         self.sent_at = owner.clock()
@@ -84,8 +86,8 @@ class Dispatcher:
         self,
         domain: str,
         *,
-        batch_size: int,
-        batch_window_ms: float,
+        group_size: int,
+        group_window_ms: float,
         queue_capacity: int,
         max_queue_wait_ms: int,
         max_inflight: int,
@@ -95,8 +97,8 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.domain = domain
-        self.batch_size = batch_size
-        self.window = batch_window_ms / 1000
+        self.group_size = group_size
+        self.window = group_window_ms / 1000
         self.max_wait = max_queue_wait_ms / 1000
         self.max_inflight = max_inflight
         self.queue = DomainQueue(queue_capacity)
@@ -141,8 +143,8 @@ class Dispatcher:
             await self._idle.wait()
 
     # -- requests' side -----------------------------------------------------------------
-    async def acquire(self, key: str, priority: str, cost: int) -> Slot:
-        batch = priority == "batch"
+    async def acquire(self, key: str, priority: QueueClass, cost: int) -> Slot:
+        batch = priority is QueueClass.BATCH
         paced = self.pacer.bounded()
         if self._free_for(batch) and (not paced or self.pacer.ready(cost)):
             # Nobody is waiting and there is room: go at once. Holding a request for a
@@ -158,7 +160,7 @@ class Dispatcher:
                     self._release(batch)
                     raise
                 slot.sent_at = self.clock()
-            self.metrics.record_batch(self.domain, 1)
+            self.metrics.record_group(self.domain, 1)
             self.metrics.record_queue_wait(self.domain, 0.0)
             return slot
         return await self._wait_in_queue(Job(key, priority, cost, self.clock()))
@@ -227,7 +229,7 @@ class Dispatcher:
         except asyncio.CancelledError:
             self._forget(job)
             if _was_granted(job):
-                self._release(job.priority == "batch")
+                self._release(job.priority is QueueClass.BATCH)
             raise
         finally:
             timer.cancel()
@@ -268,11 +270,11 @@ class Dispatcher:
             if (cooling := self.pacer.cooling()) > 0:
                 await asyncio.sleep(cooling)  # the upstream said 429: nothing goes meanwhile
                 continue
-            if self.inflight > 0 and len(self.queue) < self.batch_size and self.window > 0:
+            if self.inflight > 0 and len(self.queue) < self.group_size and self.window > 0:
                 await asyncio.sleep(self.window)  # the domain is busy: let the group fill
             released = await self._release_group()
             if released:
-                self.metrics.record_batch(self.domain, released)
+                self.metrics.record_group(self.domain, released)
             await asyncio.sleep(0)  # let the group's requests start before the next group
 
     def _can_release(self) -> bool:
@@ -282,7 +284,7 @@ class Dispatcher:
 
     async def _release_group(self) -> int:
         released = 0
-        while released < self.batch_size and self._can_release():
+        while released < self.group_size and self._can_release():
             paced = self.pacer.bounded()
             if paced:
                 # Wait for the quota *before* choosing: a request picked first could expire
@@ -300,7 +302,7 @@ class Dispatcher:
         while (job := self._next_waiting()) is not None:
             if paced:
                 await self._pace(0, job.cost)
-            batch = job.priority == "batch"
+            batch = job.priority is QueueClass.BATCH
             if self.inflight >= self.max_inflight or (
                 batch and self.batch_inflight >= self.batch_cap
             ):

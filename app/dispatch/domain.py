@@ -53,8 +53,7 @@ class Domain:
         return models is None or model in models
 
     def speaks(self, anthropic: bool) -> bool:
-        style = self.spec.api_style
-        return style == "both" or style == ("anthropic" if anthropic else "openai")
+        return self.spec.api_style.speaks(anthropic)
 
     def available(self) -> bool:
         return self.healthy is not False and not self.breaker.is_open

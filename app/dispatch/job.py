@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from app.kinds import QueueClass
+
 
 class QueueExpired(Exception):
     """Set on a job's future when it waited longer than `max_queue_wait_ms`."""
@@ -25,7 +27,7 @@ class Job:
     def __init__(
         self,
         key: str,
-        priority: str,
+        priority: QueueClass,
         cost: int,
         enqueued_at: float,
         granted: asyncio.Future[None] | None = None,

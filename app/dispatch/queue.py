@@ -27,9 +27,7 @@ from collections import deque
 from itertools import count
 
 from app.dispatch.job import Job
-from app.runtime import PRIORITIES
-
-CLASSES = (*PRIORITIES, "batch")
+from app.kinds import INTERACTIVE, QueueClass
 
 MAX_COST = 1 << 20  # one estimate can not push its key's next turn out by more than this
 
@@ -106,7 +104,7 @@ def _charge(job: Job) -> float:
 class DomainQueue:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._classes = {p: _ClassLanes() for p in CLASSES}
+        self._classes = {c: _ClassLanes() for c in QueueClass}
         self._size = 0
         self._batch = 0  # of _size, jobs of the batch class
 
@@ -122,7 +120,7 @@ class DomainQueue:
         self._classes[job.priority].push(job)
         job.in_queue = True
         self._size += 1
-        self._batch += job.priority == "batch"
+        self._batch += job.priority is QueueClass.BATCH
         return True
 
     def push_front(self, job: Job) -> None:
@@ -131,15 +129,15 @@ class DomainQueue:
         self._classes[job.priority].push_front(job)
         job.in_queue = True
         self._size += 1
-        self._batch += job.priority == "batch"
+        self._batch += job.priority is QueueClass.BATCH
 
     def pop(self, *, allow_batch: bool = True) -> Job | None:
-        for priority in CLASSES if allow_batch else PRIORITIES:
+        for priority in QueueClass if allow_batch else INTERACTIVE:
             job = self._classes[priority].pop()
             if job is not None:
                 job.in_queue = False
                 self._size -= 1
-                self._batch -= priority == "batch"
+                self._batch -= priority is QueueClass.BATCH
                 return job
         return None
 
@@ -149,7 +147,7 @@ class DomainQueue:
         if job.in_queue:
             job.in_queue = False
             self._size -= 1
-            self._batch -= job.priority == "batch"
+            self._batch -= job.priority is QueueClass.BATCH
 
     def interactive_waiting(self) -> bool:
         return self._size > self._batch

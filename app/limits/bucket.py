@@ -8,7 +8,7 @@ reserved): the debt is repaid by refill before the next admission, bounded at on
 capacity so a single bad estimate cannot lock a key out for longer than a minute.
 
 The same rules are implemented in `token_bucket.lua` for Redis;
-`tests/e2e/test_bucket_parity.py` runs one table of cases against both (the script on
+`tests/unit/limits/test_bucket_lua.py` runs one table of cases against both (the script on
 a real redis-server).
 """
 
@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-WINDOW_SEC = 60.0
+from app.limits.constants import WINDOW_SEC
 
 
 @dataclass(slots=True)

@@ -16,10 +16,8 @@
 --              (answered: this replica's upstream answers since its last `state` call,
 --               reported once a second, so a throttle knows what every replica got)
 -- rate / token_rate are strings ("-1": unbounded); the hash expires after a quiet hour.
-local HEADROOM, BETA, ACCEPTED_SHARE, GROWTH, MIN_STEP, MIN_RATE = 0.98, 0.7, 0.9, 0.03, 0.2, 0.2
-local BURST_SHARE, FIRST_BACKOFF, MAX_BACKOFF, MAX_COOL_DOWN = 0.05, 1.0, 16.0, 60.0
-local FORGET = 2.0
-local TTL_MS = 3600000
+-- HEADROOM, BETA, ... come from app/limits/constants.py (app/limits/lua.py writes them here)
+-- @constants
 
 local op = ARGV[1]
 local ceiling_r, ceiling_t, window = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -98,7 +96,7 @@ local function save()
   end
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], unpack(args))
-  redis.call('PEXPIRE', KEYS[1], TTL_MS)
+  redis.call('PEXPIRE', KEYS[1], PACE_TTL_MS)
 end
 
 -- Answers every replica reported, per second (two buckets: the current and the last).

@@ -37,17 +37,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-HEADROOM = 0.98  # pace a little under a quota: gateway-to-upstream jitter shifts arrivals
-BETA = 0.7  # multiplicative decrease on a new throttle episode, without a better measure
-ACCEPTED_SHARE = 0.9  # ... with one: this share of the rate the upstream accepted
-GROWTH = 0.03  # additive increase: this share of the decreased rate, per second
-MIN_STEP = 0.2  # ... and at least this many requests/s per second
-MIN_RATE = 0.2  # requests/s: the learned rate never drops below
-FORGET = 2.0  # without a ceiling, a learned rate that doubled without a 429 is forgotten
-BURST_SHARE = 0.05  # of a window's quota that may go at once
-FIRST_BACKOFF = 1.0  # seconds: a header-less 429's first cool-down
-MAX_BACKOFF = 16.0
-MAX_COOL_DOWN = 60.0  # one 429's wait: a longer Retry-After is asked again after this
+from app.limits.constants import (
+    ACCEPTED_SHARE,
+    BETA,
+    BURST_SHARE,
+    FIRST_BACKOFF,
+    FORGET,
+    GROWTH,
+    HEADROOM,
+    MAX_BACKOFF,
+    MAX_COOL_DOWN,
+    MIN_RATE,
+    MIN_STEP,
+)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,6 +25,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from app.errors import ServiceUnavailable
+from app.limits import lua
 from app.limits.bucket import Decision, Limits
 from app.limits.ledger import COUNTERS, LedgerRow, LocalLedger, UsageEntry
 from app.limits.pacing import Pacer, PaceState
@@ -64,8 +64,8 @@ class RedisStore:
             decode_responses=True,
         )
         self._client = aioredis.Redis(connection_pool=pool)
-        self._script = self._client.register_script(_lua("token_bucket.lua"))
-        self._pace = self._client.register_script(_lua("pace.lua"))
+        self._script = self._client.register_script(lua.script("token_bucket.lua"))
+        self._pace = self._client.register_script(lua.script("pace.lua"))
         self.fail_mode = fail_mode
         self.prefix = prefix
         self.up = True
@@ -285,10 +285,6 @@ class RedisStore:
             "fail_mode": self.fail_mode,
             "pending_ledger_rows": len(self._backlog._pending),
         }
-
-
-def _lua(name: str) -> str:
-    return resources.files("app.limits").joinpath(name).read_text("utf-8")
 
 
 def _decision(raw: list[Any], limits: Limits) -> Decision:

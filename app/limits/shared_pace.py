@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from app.limits.constants import MAX_COOL_DOWN
 from app.limits.pacing import (
-    MAX_COOL_DOWN,
     LocalPacer,
     PaceState,
     RateHeaders,

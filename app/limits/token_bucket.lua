@@ -15,8 +15,8 @@
 --          ARGV = {"ledger", ledger_member, requests, errors, prompt, completion,
 --                  failed_prompt, failed_completion}   (replay after an outage)
 --          -> 1
-local WINDOW = 60.0
-local TTL_MS = 120000  -- after 2 windows idle a bucket is full again: forget it
+-- WINDOW_SEC and BUCKET_TTL_MS come from app/limits/constants.py (via app/limits/lua.py)
+-- @constants
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -31,24 +31,24 @@ local function load(key, capacity)
     level = level * capacity / old  -- a limit changed live keeps the fraction used
   end
   if now > stamp then
-    level = math.min(capacity, level + (now - stamp) * capacity / WINDOW)
+    level = math.min(capacity, level + (now - stamp) * capacity / WINDOW_SEC)
   end
   return level
 end
 
 local function store(key, level, capacity)
   redis.call('HSET', key, 'level', tostring(level), 'stamp', tostring(now), 'capacity', capacity)
-  redis.call('PEXPIRE', key, TTL_MS)
+  redis.call('PEXPIRE', key, BUCKET_TTL_MS)
 end
 
 local function wait_for(level, amount, capacity)
   if amount > capacity then return -1 end
   if level >= amount then return 0 end
-  return (amount - level) * WINDOW / capacity
+  return (amount - level) * WINDOW_SEC / capacity
 end
 
 local function until_full(level, capacity)
-  return math.max(0, (capacity - level) * WINDOW / capacity)
+  return math.max(0, (capacity - level) * WINDOW_SEC / capacity)
 end
 
 local NAMES = {'requests', 'errors', 'prompt_tokens', 'completion_tokens',

@@ -9,9 +9,10 @@ import pytest
 
 from app.dispatch.job import Job
 from app.dispatch.queue import DomainQueue
+from app.kinds import QueueClass
 
 
-def job(key: str, priority: str = "normal", cost: int = 100) -> Job:
+def job(key: str, priority: QueueClass = QueueClass.NORMAL, cost: int = 100) -> Job:
     return Job(key, priority, cost, 0.0, granted=asyncio.get_running_loop().create_future())
 
 
@@ -24,10 +25,10 @@ def drain(q: DomainQueue) -> list[Job]:
 
 async def test_higher_class_always_first() -> None:
     q = DomainQueue(100)
-    lows = [job("l", "low") for _ in range(20)]
+    lows = [job("l", QueueClass.LOW) for _ in range(20)]
     for j in lows:
         q.push(j)
-    normal, high = job("n"), job("h", "high")
+    normal, high = job("n"), job("h", QueueClass.HIGH)
     q.push(normal)
     q.push(high)
     assert drain(q)[:2] == [high, normal]

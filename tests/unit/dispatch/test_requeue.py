@@ -12,11 +12,12 @@ from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.job import Job
 from app.dispatch.queue import DomainQueue
 from app.errors import ServiceUnavailable
+from app.kinds import QueueClass
 from app.limits.pacing import LocalPacer, PaceState, Throttle
 from app.metrics import Metrics, new_registry
 
 
-def job(key: str, priority: str = "normal", cost: int = 100) -> Job:
+def job(key: str, priority: QueueClass = QueueClass.NORMAL, cost: int = 100) -> Job:
     return Job(key, priority, cost, 0.0, granted=asyncio.get_running_loop().create_future())
 
 
@@ -57,11 +58,11 @@ async def test_without_the_refund_the_key_would_lose_turns() -> None:
 
 async def test_a_requeued_job_keeps_its_class_and_ignores_capacity() -> None:
     q = DomainQueue(1)
-    low = job("l", "low")
+    low = job("l", QueueClass.LOW)
     q.push(low)
     popped = q.pop()
     assert popped is low
-    high = job("h", "high")
+    high = job("h", QueueClass.HIGH)
     assert q.push(high)
     assert not q.push(job("x"))  # full
     q.push_front(low)  # admitted already: a requeue never fails
@@ -84,8 +85,8 @@ async def test_a_cancelled_requeued_job_is_skipped() -> None:
 def dispatcher(pacer: LocalPacer, max_wait_ms: int = 5000) -> Dispatcher:
     d = Dispatcher(
         "d",
-        batch_size=4,
-        batch_window_ms=0,
+        group_size=4,
+        group_window_ms=0,
         queue_capacity=100,
         max_queue_wait_ms=max_wait_ms,
         max_inflight=4,
@@ -100,11 +101,11 @@ async def test_requeued_requests_wait_for_the_cool_down_and_go_before_newcomers(
     pacer = LocalPacer(PaceState(None, None, 1.0))
     d = dispatcher(pacer)
     loop = asyncio.get_running_loop()
-    slot = await d.acquire("a", "normal", 1)
+    slot = await d.acquire("a", QueueClass.NORMAL, 1)
     await pacer.throttled(Throttle(0.2, slot.sent_at))
     started = loop.time()
     again = asyncio.ensure_future(d.requeue(slot))
-    newcomer = asyncio.ensure_future(d.acquire("b", "normal", 1))
+    newcomer = asyncio.ensure_future(d.acquire("b", QueueClass.NORMAL, 1))
     await asyncio.sleep(0.05)
     assert not again.done() and not newcomer.done()  # cooling: nobody goes, no fast path
     order: list[str] = []
@@ -122,7 +123,7 @@ async def test_requeued_requests_wait_for_the_cool_down_and_go_before_newcomers(
 async def test_the_queue_wait_counts_from_the_first_arrival() -> None:
     pacer = LocalPacer(PaceState(None, None, 1.0))
     d = dispatcher(pacer, max_wait_ms=300)
-    slot = await d.acquire("a", "normal", 1)
+    slot = await d.acquire("a", QueueClass.NORMAL, 1)
     await asyncio.sleep(0.2)
     await pacer.throttled(Throttle(0.25, slot.sent_at))  # ends within 0.3 s of the start?
     with pytest.raises(ServiceUnavailable) as refused:
@@ -134,7 +135,7 @@ async def test_the_queue_wait_counts_from_the_first_arrival() -> None:
 async def test_only_max_queue_wait_ends_a_requeued_wait() -> None:
     pacer = LocalPacer(PaceState(None, None, 1.0))
     d = dispatcher(pacer, max_wait_ms=300)
-    slot2 = await d.acquire("b", "normal", 1)
+    slot2 = await d.acquire("b", QueueClass.NORMAL, 1)
     await pacer.throttled(Throttle(0.05, slot2.sent_at))
     with pytest.raises(ServiceUnavailable) as expired:
         # Fits the deadline, but the domain cools down again and again meanwhile.
@@ -196,8 +197,8 @@ class SlowPacer:
 async def test_a_slot_taken_during_the_pacing_round_trip_is_not_granted_twice() -> None:
     d = Dispatcher(
         "d",
-        batch_size=4,
-        batch_window_ms=0,
+        group_size=4,
+        group_window_ms=0,
         queue_capacity=10,
         max_queue_wait_ms=5000,
         max_inflight=2,
@@ -205,13 +206,13 @@ async def test_a_slot_taken_during_the_pacing_round_trip_is_not_granted_twice() 
         metrics=Metrics(new_registry()),
     )
     d.start()
-    first = await d.acquire("a", "normal", 1)
-    second = await d.acquire("b", "normal", 1)
-    queued = asyncio.ensure_future(d.acquire("c", "normal", 1))
+    first = await d.acquire("a", QueueClass.NORMAL, 1)
+    second = await d.acquire("b", QueueClass.NORMAL, 1)
+    queued = asyncio.ensure_future(d.acquire("c", QueueClass.NORMAL, 1))
     await asyncio.sleep(0.01)
     first.release()  # the loop pops `c` and books for it: two round trips
     await asyncio.sleep(0.07)
-    arrival = await d.acquire("d", "normal", 1)  # the queue is empty: it takes the slot
+    arrival = await d.acquire("d", QueueClass.NORMAL, 1)  # the queue is empty: it takes the slot
     await asyncio.sleep(0.1)
     assert d.inflight == 2 and not queued.done()  # `c` went back, it did not overbook
     second.release()

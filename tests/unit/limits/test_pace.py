@@ -1,6 +1,6 @@
 """The domain pacer's arithmetic on a given clock. Every case taking `make` runs here
 through `PaceState` and again, unchanged, through `pace.lua` on a real redis-server in
-tests/e2e/test_pace_parity.py (unit tests start no servers)."""
+tests/unit/limits/test_pace_lua.py."""
 
 from __future__ import annotations
 

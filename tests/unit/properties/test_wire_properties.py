@@ -1,8 +1,8 @@
-"""Property: any request body is a `ProxyCall` or an `InvalidRequest`, never a crash.
+"""Property: any request body is a `ClientRequest` or an `InvalidRequest`, never a crash.
 
 `parse_call` is the first code that touches a client's bytes. Random JSON (shaped like
 the OpenAI requests it parses, and not), random bytes, and deep nesting must each end
-in a `ProxyCall` whose cost and upstream body can be computed, or in an
+in a `ClientRequest` whose cost and upstream body can be computed, or in an
 `app.errors.InvalidRequest` (a clean 400): any other exception would be a 500.
 """
 
@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.errors import InvalidRequest
-from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint, ProxyCall
-from app.proxy.wire import parse_call
+from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, ClientRequest, Endpoint
+from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
 from tests.unit.properties.strategies import json_values, request_like
 
@@ -38,7 +38,7 @@ def nested(depth: int, field: str, endpoint: Endpoint) -> bytes:
     return orjson.dumps(body).replace(b'"NESTED"', b"[" * depth + b"]" * depth)
 
 
-def parse(endpoint: Endpoint, raw: bytes) -> ProxyCall | InvalidRequest:
+def parse(endpoint: Endpoint, raw: bytes) -> ClientRequest | InvalidRequest:
     try:
         call = parse_call(endpoint, raw, KEY, "req_prop", {}, time.perf_counter())
     except InvalidRequest as err:
@@ -48,7 +48,7 @@ def parse(endpoint: Endpoint, raw: bytes) -> ProxyCall | InvalidRequest:
         raise AssertionError(
             f"parse_call raised RecursionError on {endpoint.path} (the gateway answers 500)"
         ) from None
-    assert isinstance(call, ProxyCall)
+    assert isinstance(call, ClientRequest)
     # what the pipeline does next with it must not raise either
     assert call.cost(1024) >= 0
     for model in ("gpt-4o", call.model or "gpt-4o"):
@@ -80,7 +80,7 @@ def test_fields_it_does_not_act_on_pass_through_untouched(
 ) -> None:
     body = {**body, "x_vendor_extension": {"keep": [1, "two", None]}}
     outcome = parse(endpoint, orjson.dumps(body))
-    if isinstance(outcome, ProxyCall):
+    if isinstance(outcome, ClientRequest):
         sent = orjson.loads(outcome.body_for(outcome.model or "gpt-4o"))
         assert sent["x_vendor_extension"] == {"keep": [1, "two", None]}
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import inspect
 import uuid
 from collections.abc import Iterator
-from importlib import resources
 from typing import Any
 
 import pytest
 import redis as redis_lib
 
+from app.limits import lua
 from app.limits.pacing import HEADROOM, RateHeaders
 from tests.support.procs import redis_server
 from tests.unit.limits import test_pace as cases
@@ -32,9 +32,7 @@ class LuaPace:
         window: float,
         key: str | None = None,
     ) -> None:
-        self.script = client.register_script(
-            resources.files("app.limits").joinpath("pace.lua").read_text("utf-8")
-        )
+        self.script = client.register_script(lua.script("pace.lua"))
         self.key = key or f"test:pace:{uuid.uuid4().hex}"  # a fresh state per pacer
         self.ceilings = [-1 if q is None else q / 60 * HEADROOM for q in (rpm, tpm)]
         self.window = window

@@ -20,10 +20,10 @@ from app.errors import (
     UpstreamRejected,
     UpstreamTimeout,
 )
-from app.proxy.trace import Trace
+from app.pipeline.trace import Trace
 from app.upstream.attempt import AttemptFailed, Reason
 
-log = logging.getLogger("tokengate.proxy")
+log = logging.getLogger("tokengate.pipeline")
 
 
 def client_error(last: AttemptFailed, trace: Trace, *, cooperate: bool) -> GatewayError:

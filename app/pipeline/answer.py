@@ -24,8 +24,8 @@ from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
 from app.limits.admission import Ticket
 from app.metrics import Metrics
-from app.proxy.call import ProxyCall
-from app.proxy.trace import Trace
+from app.pipeline.request import ClientRequest
+from app.pipeline.trace import Trace
 from app.upstream.attempt import AttemptFailed
 from app.upstream.client import UpstreamResponse
 from app.upstream.streaming import SseRelay, error_event
@@ -61,7 +61,7 @@ class StreamAnswer:
 
     def __init__(
         self,
-        call: ProxyCall,
+        call: ClientRequest,
         trace: Trace,
         ticket: Ticket,
         reply: Reply,

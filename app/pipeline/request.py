@@ -1,4 +1,4 @@
-"""One client request as the proxy sees it: parsed just enough, passed through whole.
+"""One client request as the pipeline sees it: parsed just enough, passed through whole.
 
 The gateway reads only the fields it needs (model, stream, max_tokens, n, the prompt
 for an estimate) and forwards the client's bytes untouched unless it must change
@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from app.kinds import QueueClass
 from app.runtime import KeySpec
 
 
@@ -35,7 +36,7 @@ MESSAGES = Endpoint(
 
 
 @dataclass
-class ProxyCall:
+class ClientRequest:
     endpoint: Endpoint
     key: KeySpec
     request_id: str
@@ -48,11 +49,11 @@ class ProxyCall:
     choices: int = 1
     client_headers: Mapping[str, str] = field(default_factory=dict)
     started: float = 0.0
-    priority: str | None = None  # overrides the key's class (batch items run as "batch")
+    priority: QueueClass | None = None  # overrides the key's class (batch items: BATCH)
 
     @property
-    def queue_class(self) -> str:
-        return self.priority or self.key.priority
+    def queue_class(self) -> QueueClass:
+        return self.priority or QueueClass.of(self.key.priority)
 
     @property
     def client_wants_usage(self) -> bool:

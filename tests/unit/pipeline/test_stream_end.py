@@ -14,9 +14,9 @@ import pytest
 
 from app.api.responses import SseResponse
 from app.gateway import Gateway
-from app.proxy.answer import StreamAnswer
-from app.proxy.call import CHAT
-from app.proxy.wire import parse_call
+from app.pipeline.answer import StreamAnswer
+from app.pipeline.request import CHAT
+from app.pipeline.wire import parse_call
 from tests.support.inproc import MakeGateway
 from tests.unit.upstream.test_pool import CHUNKED_HEAD, Peer, Upstream, chunked, within
 
@@ -43,7 +43,7 @@ def relay(make_local_gateway: MakeGateway) -> Callable[[Upstream], Any]:
         await gw.start()
         raw = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
         call = parse_call(CHAT, raw.encode(), gw.keys.anonymous, "req_t", {}, time.perf_counter())
-        answer = await gw.proxy.handle(call)
+        answer = await gw.pipeline.handle(call)
         assert isinstance(answer, StreamAnswer)
         sent: Messages = []
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from importlib import resources
 from typing import NamedTuple, Protocol
 
 import pytest
 import redis
 
+from app.limits import lua
 from app.limits.bucket import Decision, Limits
 from app.limits.redis_store import _decision
 from app.limits.store import MemoryBuckets
@@ -154,7 +154,7 @@ class PythonSide:
 
 class LuaSide:
     def __init__(self, client: redis.Redis, prefix: str) -> None:
-        text = resources.files("app.limits").joinpath("token_bucket.lua").read_text("utf-8")
+        text = lua.script("token_bucket.lua")
         self.client = client
         self.script = client.register_script(text)
         self.keys = [f"{prefix}:{n}" for n in NAMES]

@@ -1,4 +1,4 @@
-"""The request pipeline: the one domain entry point behind every proxy route.
+"""The request pipeline: the one domain entry point behind every edge route.
 
     resolve model (alias, default, key's allowed models)   404 / 403
       └► plan: [requested model, *fallbacks] x domains serving each
@@ -14,7 +14,7 @@
 
 Everything after admission ends in `finish` exactly once, whatever happens (error,
 client disconnect, stream drop). No FastAPI here: handlers translate HTTP to a
-`ProxyCall` and an `Answer` back.
+`ClientRequest` and an `Answer` back.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from app.limits.admission import Admission, Spawn, Ticket
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.metrics import Metrics
-from app.proxy.answer import Answer, JsonAnswer, Reply, StreamAnswer
-from app.proxy.call import ProxyCall
-from app.proxy.failure import client_error
-from app.proxy.trace import Attempt, Trace
+from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
+from app.pipeline.failure import client_error
+from app.pipeline.request import ClientRequest
+from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
@@ -55,7 +55,7 @@ access_log = logging.getLogger("tokengate.access")
 MAX_DOMAINS_PER_MODEL = 2
 
 
-class Proxy:
+class Pipeline:
     def __init__(
         self,
         runtime: Runtime,
@@ -89,7 +89,7 @@ class Proxy:
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
 
     # -- the entry point ----------------------------------------------------------
-    async def handle(self, call: ProxyCall) -> Answer:
+    async def handle(self, call: ClientRequest) -> Answer:
         trace = Trace(
             call.request_id,
             call.key.alias,
@@ -127,7 +127,7 @@ class Proxy:
         return self._json_answer(call, trace, ticket, reply, domain)
 
     # -- model and plan -------------------------------------------------------------
-    def _plan(self, call: ProxyCall) -> tuple[str, list[Domain]]:
+    def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
         """The model to serve and the domains serving it; fallbacks are planned only when
         this one fails (`_fallbacks`)."""
         asked = call.model or self.runtime.default_model
@@ -155,7 +155,7 @@ class Proxy:
             raise ModelNotFound(_not_found(asked, key.domain), param="model")
         return target, first
 
-    def _fallbacks(self, call: ProxyCall, target: str) -> Iterator[tuple[str, list[Domain]]]:
+    def _fallbacks(self, call: ClientRequest, target: str) -> Iterator[tuple[str, list[Domain]]]:
         domains = self.speaking[call.endpoint.anthropic]
         key = call.key
         for name in self.runtime.fallbacks:
@@ -172,7 +172,7 @@ class Proxy:
 
     # -- execution --------------------------------------------------------------------
     async def _execute(
-        self, call: ProxyCall, target: str, first: list[Domain], trace: Trace
+        self, call: ClientRequest, target: str, first: list[Domain], trace: Trace
     ) -> tuple[Reply, Domain, str, Slot]:
         last: BaseException | None = None
         congested: set[str] = set()  # full or slow queues: a fallback there would wait again
@@ -199,7 +199,7 @@ class Proxy:
         raise self._final_error(last, trace)
 
     async def _on_domain(
-        self, call: ProxyCall, model: str, domain: Domain, trace: Trace
+        self, call: ClientRequest, model: str, domain: Domain, trace: Trace
     ) -> tuple[Reply, Slot]:
         queued = self.clock()
         slot = await domain.dispatcher.acquire(
@@ -246,7 +246,7 @@ class Proxy:
             trace.queue_ms += (self.clock() - queued) * 1000
 
     async def _attempt(
-        self, call: ProxyCall, model: str, domain: Domain, body: bytes, n: int, trace: Trace
+        self, call: ClientRequest, model: str, domain: Domain, body: bytes, n: int, trace: Trace
     ) -> Reply:
         if not domain.breaker.allows():
             raise AttemptFailed(Reason.CIRCUIT_OPEN, retryable=False, detail=domain.name)
@@ -273,7 +273,7 @@ class Proxy:
         domain.observe_latency(self.clock() - t0)
         return reply
 
-    async def _send(self, call: ProxyCall, domain: Domain, body: bytes) -> Reply:
+    async def _send(self, call: ClientRequest, domain: Domain, body: bytes) -> Reply:
         resp = await domain.client.send(
             call.endpoint.path,
             body,
@@ -337,7 +337,7 @@ class Proxy:
 
     # -- answers and accounting -------------------------------------------------------------
     def _json_answer(
-        self, call: ProxyCall, trace: Trace, ticket: Ticket, reply: Reply, domain: Domain
+        self, call: ClientRequest, trace: Trace, ticket: Ticket, reply: Reply, domain: Domain
     ) -> JsonAnswer:
         usage = reply.usage
         assert usage is not None
@@ -350,7 +350,7 @@ class Proxy:
 
     def _finish(
         self,
-        call: ProxyCall,
+        call: ClientRequest,
         trace: Trace,
         ticket: Ticket,
         status: int,

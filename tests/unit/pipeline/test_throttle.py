@@ -16,9 +16,9 @@ import pytest
 from app.errors import ServiceUnavailable, UpstreamQuotaExhausted
 from app.gateway import Gateway
 from app.metrics import Metrics, new_registry
-from app.proxy.answer import JsonAnswer, StreamAnswer
-from app.proxy.call import CHAT
-from app.proxy.wire import parse_call
+from app.pipeline.answer import JsonAnswer, StreamAnswer
+from app.pipeline.request import CHAT
+from app.pipeline.wire import parse_call
 from app.runtime import compile_runtime
 from tests.support.inproc import CHAT_OK, Handler, MakeGateway, local_settings
 
@@ -50,7 +50,7 @@ async def ask(gw: Gateway) -> JsonAnswer | StreamAnswer:
     await gw.start()
     raw = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
     call = parse_call(CHAT, raw, gw.keys.anonymous, "req_t", {}, time.perf_counter())
-    return await gw.proxy.handle(call)
+    return await gw.pipeline.handle(call)
 
 
 def throttles(gw: Gateway) -> float:

@@ -1,11 +1,11 @@
-"""The proxy routes as a pure-ASGI app: the hot path of the gateway.
+"""The edge routes as a pure-ASGI app: the hot path of the gateway.
 
 `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/messages` are
 answered here, in front of FastAPI, because FastAPI's per-request machinery (request
 object, dependency solving, exception middleware) was a large share of the gateway's
 CPU per proxied request (figures: deploy/BENCHMARKS.md, "Figures behind the design").
 Everything else falls through to the FastAPI app. The route is still a translator: raw
-ASGI in, `ProxyCall` to the pipeline, its answer out; errors use the same renderer as
+ASGI in, `ClientRequest` to the pipeline, its answer out; errors use the same renderer as
 every other route. Their OpenAPI description is added in `app.main` so schema-driven
 clients still see them.
 """
@@ -23,16 +23,16 @@ from app.api.errors import render
 from app.api.responses import SseResponse, send_json
 from app.errors import GatewayError, InternalError, MethodNotAllowed
 from app.gateway import Gateway
-from app.proxy.answer import Answer, JsonAnswer
-from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
-from app.proxy.wire import parse_call
+from app.pipeline.answer import Answer, JsonAnswer
+from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
+from app.pipeline.wire import parse_call
 from app.upstream.client import forwardable
 
 log = logging.getLogger("tokengate.errors")
 ROUTES: dict[str, Endpoint] = {e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)}
 
 
-class ProxyRoutes:
+class EdgeRoutes:
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self.app = app
         self.gateway = gateway
@@ -77,4 +77,4 @@ class ProxyRoutes:
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
-        return await gateway.proxy.handle(call)
+        return await gateway.pipeline.handle(call)

@@ -12,9 +12,9 @@ import pytest
 
 from app.errors import UpstreamRejected
 from app.gateway import Gateway
-from app.proxy.answer import JsonAnswer, StreamAnswer
-from app.proxy.call import CHAT
-from app.proxy.wire import parse_call
+from app.pipeline.answer import JsonAnswer, StreamAnswer
+from app.pipeline.request import CHAT
+from app.pipeline.wire import parse_call
 from tests.support.inproc import CHAT_OK, Handler, MakeGateway
 
 PIPELINE = {
@@ -33,7 +33,7 @@ def make(make_local_gateway: MakeGateway) -> Callable[[Handler], Gateway]:
 async def call(gw: Gateway, body: dict[str, object]) -> JsonAnswer | StreamAnswer:
     await gw.start()
     raw = json.dumps(body).encode()
-    return await gw.proxy.handle(
+    return await gw.pipeline.handle(
         parse_call(
             CHAT,
             raw,

@@ -18,7 +18,7 @@ from app.errors import (
     UpstreamTimeout,
 )
 from app.gateway import Gateway
-from app.proxy.trace import Attempt, Trace
+from app.pipeline.trace import Attempt, Trace
 from app.upstream.attempt import AttemptFailed, Reason
 from tests.support.inproc import MakeGateway
 
@@ -61,10 +61,10 @@ def test_retry_after_never_exceeds_what_the_sdk_honours() -> None:
 def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
     failure: AttemptFailed, kind: type, status: int, proxy: Callable[..., Gateway]
 ) -> None:
-    err = proxy().proxy._final_error(failure, trace())
+    err = proxy().pipeline._final_error(failure, trace())
     assert isinstance(err, kind) and err.status == status
     assert err.response_headers()["x-should-retry"] == "false"
-    relaxed = proxy("client").proxy._final_error(failure, trace())
+    relaxed = proxy("client").pipeline._final_error(failure, trace())
     assert "x-should-retry" not in relaxed.response_headers()
 
 
@@ -72,7 +72,7 @@ def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
 def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(
     proxy: Callable[..., Gateway], mode: str
 ) -> None:
-    err = proxy(mode).proxy._final_error(
+    err = proxy(mode).pipeline._final_error(
         AttemptFailed(Reason.INSUFFICIENT_QUOTA, retryable=False, status=429), trace()
     )
     assert isinstance(err, UpstreamQuotaExhausted) and err.status == 429
@@ -83,7 +83,7 @@ def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(
 
 
 def test_relayed_client_errors_are_permanent(proxy: Callable[..., Gateway]) -> None:
-    err = proxy().proxy._final_error(
+    err = proxy().pipeline._final_error(
         AttemptFailed(Reason.STATUS_4XX, retryable=False, status=422, body=b"{}"), trace(1)
     )
     assert isinstance(err, UpstreamRejected) and err.status == 422

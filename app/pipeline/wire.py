@@ -13,7 +13,7 @@ import orjson
 
 from app.errors import InvalidRequest
 from app.limits import estimate
-from app.proxy.call import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint, ProxyCall
+from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, ClientRequest, Endpoint
 from app.runtime import KeySpec
 
 MAX_CHOICES = 128
@@ -105,7 +105,7 @@ def parse_call(
     request_id: str,
     headers: Mapping[str, str],
     started: float,
-) -> ProxyCall:
+) -> ClientRequest:
     body = parse_json(raw)
     model = _model(body)
     stream = _stream(body, endpoint)
@@ -130,7 +130,7 @@ def parse_call(
         prompt = estimate.chat_prompt_tokens(messages) + estimate.input_tokens(system or "")
     else:  # pragma: no cover - the routes only pass the endpoints above
         raise AssertionError(endpoint)
-    return ProxyCall(
+    return ClientRequest(
         endpoint=endpoint,
         key=key,
         request_id=request_id,

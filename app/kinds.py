@@ -1,0 +1,57 @@
+"""The gateway's closed vocabularies, as enums.
+
+Each is a `StrEnum`, so the configuration files, JSON bodies, metric labels and log
+lines keep the plain words (`"high"`, `"anthropic"`, `"prompt"`), while the code gets a
+typo-proof name and mypy can check a `match` over every member. This module imports
+nothing of the app: the configuration (the bottom layer) and everything above use it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Priority(StrEnum):
+    """A key's queue class (settings.json `keys[].priority`)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+class QueueClass(StrEnum):
+    """Where a request waits in a domain queue, served in this order: a key's priority,
+    then `batch` (Batch API items), which runs only on capacity interactive traffic
+    leaves."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+    BATCH = "batch"
+
+    @classmethod
+    def of(cls, priority: Priority) -> QueueClass:
+        return cls(priority.value)
+
+
+INTERACTIVE = (QueueClass.HIGH, QueueClass.NORMAL, QueueClass.LOW)
+
+
+class ApiStyle(StrEnum):
+    """Which API a domain's upstream speaks (`[[scale_up]] api_style`)."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+    BOTH = "both"
+
+    def speaks(self, anthropic: bool) -> bool:
+        """True if a request in Anthropic's dialect (or OpenAI's) can go to this upstream."""
+        wanted = ApiStyle.ANTHROPIC if anthropic else ApiStyle.OPENAI
+        return self is ApiStyle.BOTH or self is wanted
+
+
+class TokenKind(StrEnum):
+    """The `kind` label of the token counters."""
+
+    PROMPT = "prompt"
+    COMPLETION = "completion"
