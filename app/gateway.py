@@ -33,7 +33,7 @@ from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.limits.admission import Admission
 from app.limits.bucket import Limits
-from app.limits.ledger import LocalLedger
+from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore, MemoryStore
@@ -65,11 +65,12 @@ class Gateway:
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
         self._transport_factory = transport_factory or self._default_transport
         self.store = store or self._build_store()
+        self.ledger = Ledger(Path(s.ledger.path), s.ledger.flush_interval_sec)
         # Without Redis each of N workers enforces 1/N of every limit and every domain
         # quota: a limit never silently becomes N times larger.
         self.divisor = 1 if self.store.shared else max(1, runtime.workers)
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
-        self.admission = Admission(self.store, metrics, divisor=self.divisor)
+        self.admission = Admission(self.store, metrics, self.ledger, divisor=self.divisor)
         self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
         self.batch_store = BatchStore(Path(s.batch.path))
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
@@ -136,7 +137,7 @@ class Gateway:
                 max_connections=s.redis.max_connections,
                 on_state=self.metrics.set_redis_up,
             )
-        return MemoryStore(LocalLedger(Path(s.ledger.path), s.ledger.flush_interval_sec))
+        return MemoryStore()
 
     def _configured_models(self) -> set[str]:
         s = self.runtime.settings
@@ -153,6 +154,7 @@ class Gateway:
 
     async def start(self) -> None:
         await self.store.start()
+        await self.ledger.start()
         await self.batch_store.start()
         self._describe_limits()
         if self.runtime.settings.health_check.enabled:
@@ -162,6 +164,7 @@ class Gateway:
             if self.runtime.settings.health_check.enabled:
                 self._loops.append(asyncio.create_task(self._health_loop(domain)))
         self._loops.append(asyncio.create_task(self._housekeeping()))
+        self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
         self._sync_gauges()
 
@@ -263,6 +266,10 @@ class Gateway:
             await domain.dispatcher.stop()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
+        try:
+            await self.ledger.close()  # every settled request is on the books
+        except Exception as exc:
+            log.error("ledger flush at shutdown failed: %r", exc)
         with contextlib.suppress(Exception):
             await self.store.close()
         for domain in self.domains:
@@ -343,6 +350,16 @@ class Gateway:
                 await domain.dispatcher.pacer.sync()  # what other replicas learned
             self._sync_gauges()
             self.admission.overrides.update(await self.store.housekeeping())
+
+    async def _flush_ledger(self) -> None:
+        """Settled requests reach the ledger's file every `ledger.flush_interval_sec`: a
+        `kill -9` loses at most that much; a clean stop loses nothing (`close`)."""
+        while True:
+            await asyncio.sleep(self.ledger.flush_interval)
+            try:
+                await self.ledger.flush()
+            except Exception as exc:
+                log.error("ledger flush failed (kept for the next flush): %r", exc)
 
     def render_metrics(self) -> bytes:
         """The exposition, with this process's gauges read at this instant."""

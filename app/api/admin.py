@@ -35,7 +35,7 @@ AdminDep = Annotated[Gateway, Depends(_admin)]
 @router.get("/usage")
 async def usage(gateway: AdminDep) -> dict[str, object]:
     await gateway.settled()
-    rows = await gateway.store.usage()
+    rows = await gateway.ledger.rows()
     return {"object": "list", "data": [r.as_dict() for r in rows]}
 
 

@@ -4,7 +4,8 @@ A request reserves 1 request and `prompt estimate + max_tokens` (or
 `rate_limit.default_max_tokens`) tokens. Refused -> 429 at once, nothing used.
 When the answer ends (success, error or client disconnect) `settle` moves the token
 reservation to what the upstream reported (or, for an interrupted stream, what was
-streamed), and writes the ledger entry in the same store call.
+streamed), and hands the entry to the usage ledger (in memory at once, durable within
+`ledger.flush_interval_sec`).
 
 Without Redis and with `--workers N`, each worker enforces 1/N of every limit, so
 the total never silently becomes N times the configured one (logged at start).
@@ -19,7 +20,7 @@ from typing import Any
 
 from app.errors import RateLimited
 from app.limits.bucket import Decision, Limits
-from app.limits.ledger import UsageEntry
+from app.limits.ledger import Ledger, UsageEntry
 from app.limits.store import LimitStore
 from app.metrics import Metrics
 from app.runtime import KeySpec
@@ -43,6 +44,7 @@ class Ticket:
 class Admission:
     store: LimitStore
     metrics: Metrics
+    ledger: Ledger
     divisor: int = 1
     overrides: dict[str, Limits] = field(default_factory=dict)
 
@@ -78,7 +80,8 @@ class Admission:
         used = entry.prompt_tokens + entry.completion_tokens
         used += entry.failed_prompt_tokens + entry.failed_completion_tokens
         token_delta = (used if dispatched else 0) - ticket.reserved
-        args = (ticket.key, ticket.limits, token_delta, 0 if dispatched else -1, entry)
+        self.ledger.add(entry)
+        args = (ticket.key, ticket.limits, token_delta, 0 if dispatched else -1)
         if self.store.synchronous:
             self.store.settle_sync(*args)
         else:

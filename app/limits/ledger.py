@@ -90,7 +90,7 @@ _UPSERT = (
 
 
 @dataclass
-class LocalLedger:
+class Ledger:
     path: Path | None
     flush_interval: float = 1.0
     _pending: dict[tuple[str, str], LedgerRow] = field(default_factory=dict)

@@ -1,14 +1,13 @@
-"""Limits and ledger shared by every replica through Redis.
+"""Limits shared by every replica through Redis.
 
 One round trip per admission and one per settle: both are a single EVALSHA of
 `token_bucket.lua` (loaded once; redis-py's `Script` re-sends it after a Redis
-restart flushed the script cache). The ledger lives in Redis hashes, updated by the
-same settle call.
+restart flushed the script cache). The usage ledger is not here: it is durable, in SQL
+(`app/limits/ledger.py`), whatever the limit store.
 
 Redis unreachable: the store marks itself down (metric `tokengate_redis_up 0`, one
 warning line, `/health/ready` says so) and, per `redis.fail_mode`:
-- `open`: admissions use this process's own buckets and ledger entries are kept
-  locally, replayed into Redis when it answers again;
+- `open`: admissions use this process's own buckets until it answers again;
 - `closed`: admissions fail with 503 `redis_unavailable`.
 Every call after `_RETRY_SEC` tries Redis again, and the gateway's probe loop pings
 it, so recovery needs no restart.
@@ -27,7 +26,6 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from app.errors import ServiceUnavailable
 from app.limits import lua
 from app.limits.bucket import Decision, Limits
-from app.limits.ledger import COUNTERS, LedgerRow, LocalLedger, UsageEntry
 from app.limits.pacing import Pacer, PaceState
 from app.limits.shared_pace import RedisPacer
 from app.limits.store import MemoryBuckets
@@ -72,7 +70,6 @@ class RedisStore:
         self._down_since = 0.0
         self._local = MemoryBuckets()
         self._slow = 0  # consecutive timeouts
-        self._backlog = LocalLedger(path=None)
         self._on_state = on_state
 
     # -- lifecycle --------------------------------------------------------------
@@ -123,45 +120,14 @@ class RedisStore:
             # Idle pooled connections predate the outage (a restarted Redis closed them):
             # drop them, or the first commands after recovery fail on dead sockets.
             await self._client.connection_pool.disconnect(inuse_connections=False)
-            if not await self._replay():  # before announcing recovery: the ledger is whole
-                return
             log.warning("redis reachable again; shared limits restored")
         self.up = True
         if self._on_state is not None:
             self._on_state(True)
 
-    async def _replay(self) -> bool:
-        rows = self._backlog.drain_pending()
-        for i, row in enumerate(rows):
-            entry = UsageEntry(row.key, row.model)
-            values = [getattr(row, c) for c in COUNTERS]
-            try:
-                await self._call(
-                    self._settle_keys(row.key, entry)[2:],
-                    ["ledger", *self._ledger_args(entry, values)],
-                )
-            except (RedisError, OSError) as exc:
-                for unsent in rows[i:]:
-                    self._backlog.merge(unsent)
-                self._mark_down(exc)
-                return False
-        return True
-
     # -- keys ---------------------------------------------------------------------
     def _bucket_keys(self, key: str) -> list[str]:
         return [f"{self.prefix}rl:{{{key}}}:requests", f"{self.prefix}rl:{{{key}}}:tokens"]
-
-    def _settle_keys(self, key: str, entry: UsageEntry) -> list[str]:
-        member = f"{entry.key}\t{entry.model}"
-        return [
-            *self._bucket_keys(key),
-            f"{self.prefix}ledger:{member}",
-            f"{self.prefix}ledger-index",
-        ]
-
-    @staticmethod
-    def _ledger_args(entry: UsageEntry, values: list[int]) -> list[Any]:
-        return [f"{entry.key}\t{entry.model}", *values]
 
     async def _call(self, keys: list[str], args: list[Any]) -> Any:
         return await self._script(keys=keys, args=args)
@@ -193,9 +159,7 @@ class RedisStore:
             )
         return self._local.reserve(key, limits, cost)
 
-    async def settle(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
-    ) -> None:
+    async def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         if self._available():
             args = [
                 "settle",
@@ -203,32 +167,18 @@ class RedisStore:
                 limits.tokens_per_minute,
                 token_delta,
                 request_delta,
-                *self._ledger_args(entry, list(entry.counters())),
             ]
             try:
-                await self._call(self._settle_keys(key, entry), args)
+                await self._call(self._bucket_keys(key), args)
             except (RedisError, OSError) as exc:
                 self._failed(exc)
             else:
                 self._slow = 0
                 return
         self._local.settle(key, limits, token_delta, request_delta)
-        self._backlog.add(entry)
 
-    def settle_sync(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
-    ) -> None:
+    def settle_sync(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         raise NotImplementedError("the Redis store settles asynchronously")
-
-    async def usage(self) -> list[LedgerRow]:
-        raw = await self._client.smembers(f"{self.prefix}ledger-index")
-        members = sorted(str(m) for m in raw)
-        rows: list[LedgerRow] = []
-        for member in members:
-            alias, _, model = member.partition("\t")
-            values = await self._client.hgetall(f"{self.prefix}ledger:{member}")
-            rows.append(LedgerRow(alias, model, *(int(values.get(c, 0)) for c in COUNTERS)))
-        return rows
 
     async def save_override(self, key: str, limits: Limits) -> None:
         value = f"{limits.requests_per_minute},{limits.tokens_per_minute}"
@@ -283,7 +233,6 @@ class RedisStore:
             "kind": "redis",
             "up": self.up,
             "fail_mode": self.fail_mode,
-            "pending_ledger_rows": len(self._backlog._pending),
         }
 
 

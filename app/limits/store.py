@@ -2,9 +2,10 @@
 
 A store does two things per request, each in one step (one Redis round trip in
 the shared store): `reserve` admits or refuses 1 request + `cost` tokens for a key,
-and `settle` corrects the token reservation to real usage and adds the outcome to
-the usage ledger. Keeping both behind this small interface lets admission logic,
-tests and the Redis store share one contract.
+and `settle` corrects the token reservation to real usage. Keeping both behind this
+small interface lets admission logic, tests and the Redis store share one contract.
+The usage ledger is not a store's business: it is durable in SQL whatever the store
+(`app/limits/ledger.py`, owned by the gateway).
 
 What differs between a store of one process and one shared by every replica is behind
 the interface too, so the gateway never asks which store it holds: `shared`, the
@@ -14,19 +15,15 @@ once-a-second `housekeeping`, the store's part of `/health/ready` (`health`,
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from app.limits.bucket import Bucket, Decision, Limits, decide
-from app.limits.ledger import LedgerRow, LocalLedger, UsageEntry
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
-# The flush failure has always been the gateway's log line: operators grep for it there.
-log = logging.getLogger("tokengate.gateway")
 
 
 class LimitStore(Protocol):
@@ -40,14 +37,12 @@ class LimitStore(Protocol):
     async def reserve(self, key: str, limits: Limits, cost: int) -> Decision: ...
 
     async def settle(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+        self, key: str, limits: Limits, token_delta: int, request_delta: int
     ) -> None: ...
 
     def settle_sync(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
+        self, key: str, limits: Limits, token_delta: int, request_delta: int
     ) -> None: ...
-
-    async def usage(self) -> list[LedgerRow]: ...
 
     async def start(self) -> None: ...
 
@@ -121,44 +116,31 @@ class MemoryStore:
     synchronous = True
     shared = False
 
-    def __init__(self, ledger: LocalLedger, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = time.monotonic) -> None:
         self.buckets = MemoryBuckets(clock)
-        self.ledger = ledger
 
     async def start(self) -> None:
-        await self.ledger.start()
+        pass
 
     async def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
         return self.buckets.reserve(key, limits, cost)
 
-    async def settle(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
-    ) -> None:
-        self.settle_sync(key, limits, token_delta, request_delta, entry)
+    async def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
+        self.settle_sync(key, limits, token_delta, request_delta)
 
-    def settle_sync(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
-    ) -> None:
+    def settle_sync(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         self.buckets.settle(key, limits, token_delta, request_delta)
-        self.ledger.add(entry)
-
-    async def usage(self) -> list[LedgerRow]:
-        return await self.ledger.rows()
 
     async def close(self) -> None:
-        await self.ledger.close()
+        pass
 
     def describe(self) -> dict[str, object]:
-        return {"kind": "memory", "ledger": self.ledger.describe()}
+        return {"kind": "memory"}
 
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         return LocalPacer(state)
 
     async def housekeeping(self) -> dict[str, Limits]:
-        try:
-            await self.ledger.flush()
-        except Exception as exc:
-            log.error("ledger flush failed (kept for the next flush): %r", exc)
         return {}
 
     def health(self) -> dict[str, object]:

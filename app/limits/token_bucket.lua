@@ -1,4 +1,4 @@
--- Shared per-key token buckets and usage ledger for tokengate replicas.
+-- Shared per-key token buckets for tokengate replicas (the usage ledger is in SQL).
 -- Same arithmetic as app/limits/bucket.py; Redis' own clock (TIME) is the clock, so
 -- replicas on different hosts never disagree about refill.
 --
@@ -6,14 +6,8 @@
 --          ARGV = {"reserve", requests_capacity, tokens_capacity, cost}
 --          -> {allowed, limit(0 none|1 requests|2 tokens), retry_after_ms,
 --              requests_remaining, requests_reset_ms, tokens_remaining, tokens_reset_ms}
--- settle:  KEYS = {requests_bucket, tokens_bucket, ledger_hash, ledger_index}
---          ARGV = {"settle", requests_capacity, tokens_capacity, token_delta, request_delta,
---                  ledger_member, requests, errors, prompt, completion,
---                  failed_prompt, failed_completion}
---          -> 1
--- ledger:  KEYS = {ledger_hash, ledger_index}
---          ARGV = {"ledger", ledger_member, requests, errors, prompt, completion,
---                  failed_prompt, failed_completion}   (replay after an outage)
+-- settle:  KEYS = {requests_bucket, tokens_bucket}
+--          ARGV = {"settle", requests_capacity, tokens_capacity, token_delta, request_delta}
 --          -> 1
 -- WINDOW_SEC and BUCKET_TTL_MS come from app/limits/constants.py (via app/limits/lua.py)
 -- @constants
@@ -51,22 +45,7 @@ local function until_full(level, capacity)
   return math.max(0, (capacity - level) * WINDOW_SEC / capacity)
 end
 
-local NAMES = {'requests', 'errors', 'prompt_tokens', 'completion_tokens',
-               'failed_prompt_tokens', 'failed_completion_tokens'}
-
-local function add_ledger(hash, index, member, first)
-  for i, name in ipairs(NAMES) do
-    local n = tonumber(ARGV[first + i - 1])
-    if n ~= 0 then redis.call('HINCRBY', hash, name, n) end
-  end
-  redis.call('SADD', index, member)
-end
-
 local op = ARGV[1]
-if op == 'ledger' then
-  add_ledger(KEYS[1], KEYS[2], ARGV[2], 3)
-  return 1
-end
 
 local rcap, tcap = tonumber(ARGV[2]), tonumber(ARGV[3])
 local rlevel, tlevel = load(KEYS[1], rcap), load(KEYS[2], tcap)
@@ -99,5 +78,4 @@ end
 local token_delta, request_delta = tonumber(ARGV[4]), tonumber(ARGV[5])
 store(KEYS[1], math.max(-rcap, math.min(rcap, rlevel - request_delta)), rcap)
 store(KEYS[2], math.max(-tcap, math.min(tcap, tlevel - token_delta)), tcap)
-add_ledger(KEYS[3], KEYS[4], ARGV[6], 7)
 return 1

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from app.limits.admission import Admission
 from app.limits.bucket import Decision, Limits
-from app.limits.ledger import LedgerRow, LocalLedger, UsageEntry
+from app.limits.ledger import Ledger, UsageEntry
 from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
@@ -58,18 +58,11 @@ class NullStore:
     async def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
         return self._yes
 
-    async def settle(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
-    ) -> None:
+    async def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         return None
 
-    def settle_sync(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int, entry: UsageEntry
-    ) -> None:
+    def settle_sync(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         return None
-
-    async def usage(self) -> list[LedgerRow]:
-        return []
 
     async def start(self) -> None:
         return None
@@ -155,7 +148,7 @@ async def _measure(store: LimitStore, n: int, repeats: int) -> dict[str, object]
     await store.start()
     row: dict[str, object] = {"n": n}
     try:
-        admission = Admission(store, Metrics(CollectorRegistry()))
+        admission = Admission(store, Metrics(CollectorRegistry()), Ledger(path=None))
         await _sequential(admission, max(100, n // 10))  # warm caches, script load, pool
         with _counting_down_events() as down:
             row["sequential_us"] = round(
@@ -177,7 +170,7 @@ async def _measure(store: LimitStore, n: int, repeats: int) -> dict[str, object]
 async def _all(redis_url: str | None, repeats: int) -> dict[str, dict[str, object]]:
     out = {
         "none": await _measure(NullStore(), 20_000, repeats),
-        "memory": await _measure(MemoryStore(LocalLedger(path=None)), 20_000, repeats),
+        "memory": await _measure(MemoryStore(), 20_000, repeats),
     }
     if redis_url:
         out["redis"] = await _measure(RedisStore(redis_url, prefix="bench:"), 2_000, repeats)

@@ -4,7 +4,7 @@ import pytest
 
 from app.errors import RateLimited
 from app.limits.admission import Admission, duration
-from app.limits.ledger import LocalLedger, UsageEntry
+from app.limits.ledger import Ledger, UsageEntry
 from app.limits.store import MemoryStore
 from app.metrics import Metrics, new_registry
 from app.runtime import KeySpec
@@ -13,8 +13,8 @@ from tests.support.clock import FakeClock
 
 def admission(divisor: int = 1) -> tuple[Admission, FakeClock]:
     clock = FakeClock()
-    store = MemoryStore(LocalLedger(path=None), clock)
-    return Admission(store, Metrics(new_registry()), divisor=divisor), clock
+    store = MemoryStore(clock)
+    return Admission(store, Metrics(new_registry()), Ledger(path=None), divisor=divisor), clock
 
 
 KEY = KeySpec("k", ("d",), tokens_per_minute=1000, requests_per_minute=5)

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.limits.ledger import LocalLedger, UsageEntry
+from app.limits.ledger import Ledger, UsageEntry
 
 
 async def test_ledger_accumulates_across_instances_and_restarts(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "ledger.sqlite3"
-    one, two = LocalLedger(path), LocalLedger(path)
+    one, two = Ledger(path), Ledger(path)
     await one.start()
     await two.start()
     one.add(UsageEntry("k", "m", prompt_tokens=3, completion_tokens=5))
@@ -18,7 +18,7 @@ async def test_ledger_accumulates_across_instances_and_restarts(tmp_path: Path) 
     )
     await one.close()
     await two.close()
-    again = LocalLedger(path)
+    again = Ledger(path)
     await again.start()
     (row,) = await again.rows()
     assert (row.requests, row.errors, row.prompt_tokens, row.completion_tokens) == (2, 1, 4, 6)

@@ -100,7 +100,7 @@ async def test_stream_usage_is_requested_read_and_hidden(
     out = b"".join([chunk async for chunk in answer.body()])
     assert b"usage" not in out and out.endswith(b"data: [DONE]\n\n")
     assert bodies[0]["stream_options"] == {"include_usage": True}
-    (row,) = await gw.store.usage()
+    (row,) = await gw.ledger.rows()
     assert (row.prompt_tokens, row.completion_tokens) == (3, 1)
 
 

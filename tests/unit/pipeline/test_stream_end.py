@@ -75,7 +75,7 @@ async def test_a_stream_that_arrives_whole_is_answered_in_one_message(
         bodies, gw = await relay(up)
     assert [m["more_body"] for m in bodies] == [False]
     assert relayed(bodies) == EVENTS[0] + EVENTS[1] + EVENTS[3]  # usage chunk hidden
-    (row,) = await gw.store.usage()
+    (row,) = await gw.ledger.rows()
     assert (row.prompt_tokens, row.completion_tokens) == (3, 2)
 
 
