@@ -31,6 +31,7 @@ from app.batch.store import BatchStore
 from app.config.errors import ConfigError
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
+from app.dispatch.homes import LocalHomes, ResponseHomes
 from app.limits.admission import Admission
 from app.limits.bucket import Limits
 from app.limits.ledger import Ledger
@@ -39,6 +40,7 @@ from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
+from app.pipeline.responses import ResponsesService
 from app.runtime import DomainSpec, KeySpec, Runtime
 from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
@@ -72,6 +74,7 @@ class Gateway:
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
         self.admission = Admission(self.store, metrics, self.ledger, divisor=self.divisor)
         self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
+        self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.batch_store = BatchStore(Path(s.batch.path))
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
         self.batch_runner = BatchRunner(
@@ -138,6 +141,12 @@ class Gateway:
                 on_state=self.metrics.set_redis_up,
             )
         return MemoryStore()
+
+    def _response_homes(self) -> ResponseHomes:
+        """Where stored responses live: in Redis when configured, so every replica knows."""
+        cfg = self.runtime.settings.responses
+        shared = self.store if isinstance(self.store, RedisStore) else None
+        return ResponseHomes(LocalHomes(cfg.max_local_ids, cfg.id_ttl_sec), shared, self.spawn)
 
     def _configured_models(self) -> set[str]:
         s = self.runtime.settings

@@ -37,6 +37,7 @@ class DomainSpec:
     quota_window_sec: float = 1.0
     weight: float = 1.0
     api_style: ApiStyle = ApiStyle.OPENAI
+    responses: bool = True  # serves the Responses API (if api_style speaks OpenAI's)
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ def _domains(
                 quota_window_sec=entry.quota_window_sec,
                 weight=entry.weight,
                 api_style=entry.api_style,
+                responses=entry.responses,
             )
         )
     return out

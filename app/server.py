@@ -39,6 +39,8 @@ def _config(app: Any, runtime: Runtime, host: str, port: int, workers: int) -> u
         # layer per request for nothing; and the server need not announce itself.
         proxy_headers=False,
         server_header=False,
+        # The Responses WebSocket mode: a `response.create` message is a request body.
+        ws_max_size=runtime.settings.server.max_body_bytes,
     )
 
 

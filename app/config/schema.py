@@ -145,6 +145,12 @@ class ScaleUpConfig(Section):
         description="Which API the upstream speaks: `openai` (chat/completions/embeddings), "
         "`anthropic` (`POST /v1/messages`, authenticated with `x-api-key`) or `both`.",
     )
+    responses: bool = Field(
+        True,
+        description="The upstream (api_style `openai` or `both`) serves OpenAI's Responses API "
+        "(`/v1/responses`); false keeps Responses traffic, and the WebSocket mode, off "
+        "this domain.",
+    )
 
 
 class ScaleOutConfig(Section):
@@ -372,6 +378,35 @@ class BatchConfig(Section):
     )
 
 
+class ResponsesConfig(Section):
+    websocket: bool = Field(
+        True,
+        description="Serve the Responses WebSocket mode on `GET /v1/responses` (what Codex "
+        "CLI tries first), bridged to the domains over HTTP + SSE. False (or no domain "
+        "serving the Responses API) answers the upgrade with 426, so clients fall back to "
+        "HTTP at once.",
+    )
+    id_ttl_sec: PositiveInt = Field(
+        30 * 24 * 3600,
+        description="How long the gateway remembers which domain (and key) created a stored "
+        "response, for `previous_response_id` and `/v1/responses/{id}` (in Redis when "
+        "configured, so every replica knows; OpenAI keeps responses 30 days).",
+    )
+    max_local_ids: PositiveInt = Field(
+        100_000,
+        description="Response ids each process keeps in memory (least recently used dropped "
+        "first); with Redis this is only a cache in front of it.",
+    )
+    websocket_cached_responses: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Responses each WebSocket connection keeps (input and output items) so a "
+        "`response.create` with `previous_response_id` and only the new items can be sent to "
+        "a stateless upstream in full.",
+    )
+
+
 class Settings(BaseSettings):
     """The whole configuration. Paths are bound by `app.config.sources.load_settings`."""
 
@@ -422,3 +457,4 @@ class Settings(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)

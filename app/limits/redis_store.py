@@ -228,6 +228,33 @@ class RedisStore:
             await self._mark_up()
         return list(raw)
 
+    # -- small shared values (the Responses API's response id -> domain map) --------------
+    async def put_text(self, name: str, value: str, ttl_sec: float) -> None:
+        """SET with a TTL; dropped while Redis is unreachable (a later read then misses)."""
+        if self._available():
+            try:
+                await self._client.set(f"{self.prefix}{name}", value, px=int(ttl_sec * 1000))
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+
+    async def get_text(self, name: str) -> str | None:
+        """The value, or None if absent, expired or Redis is unreachable."""
+        if not self._available():
+            return None
+        try:
+            value = await self._client.get(f"{self.prefix}{name}")
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return None
+        return None if value is None else str(value)
+
+    async def delete_text(self, name: str) -> None:
+        if self._available():
+            try:
+                await self._client.delete(f"{self.prefix}{name}")
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+
     def describe(self) -> dict[str, object]:
         return {
             "kind": "redis",

@@ -32,7 +32,7 @@ def client_error(last: AttemptFailed, trace: Trace, *, cooperate: bool) -> Gatew
     spent = None if not cooperate else False
     tries = len(trace.attempts)
     match last.reason:
-        case Reason.STATUS_4XX if last.status is not None:
+        case Reason.STATUS_4XX | Reason.RESPONSE_NOT_FOUND if last.status is not None:
             return UpstreamRejected(last.status, last.body, last.content_type)
         case Reason.MODEL_NOT_FOUND:
             return ModelNotFound(
@@ -74,6 +74,7 @@ def client_error(last: AttemptFailed, trace: Trace, *, cooperate: bool) -> Gatew
             | Reason.STATUS_504
             | Reason.STATUS_5XX
             | Reason.STATUS_4XX  # without a status: nothing to relay
+            | Reason.RESPONSE_NOT_FOUND
         ):
             return UpstreamFailed(
                 f"upstream failed after {tries} attempt(s): {last.reason}", should_retry=spent

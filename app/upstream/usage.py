@@ -20,9 +20,11 @@ class Usage:
     completion: int
     model: str | None
     reported: bool = True
+    cached: int = 0  # prompt tokens the upstream served from its prompt cache
+    response_id: str | None = None  # the Responses API's id of the answer
 
 
-def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
+def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False) -> Usage:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -33,11 +35,34 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
         raise AttemptFailed(Reason.BAD_RESPONSE, retryable=True, detail="answer is not an object")
     usage = obj.get("usage")
     model = obj.get("model") if isinstance(obj.get("model"), str) else None
+    if responses:
+        return _responses_usage(obj, usage, model)
     if not isinstance(usage, dict):
         return Usage(0, 0, model, reported=False)
     if anthropic:
         return Usage(_int(usage.get("input_tokens")), _int(usage.get("output_tokens")), model)
     return Usage(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), model)
+
+
+def _responses_usage(obj: dict[str, object], usage: object, model: str | None) -> Usage:
+    """A Response object: `input_tokens` (cached ones included), `output_tokens`, and
+    its id. A background response answered `queued` has no usage yet."""
+    ident = obj.get("id")
+    rid = ident if isinstance(ident, str) else None
+    if not isinstance(usage, dict):
+        return Usage(0, 0, model, reported=False, response_id=rid)
+    return Usage(
+        _int(usage.get("input_tokens")),
+        _int(usage.get("output_tokens")),
+        model,
+        cached=cached_tokens(usage),
+        response_id=rid,
+    )
+
+
+def cached_tokens(usage: dict[str, object]) -> int:
+    details = usage.get("input_tokens_details")
+    return _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
 
 
 def _int(value: object) -> int:
