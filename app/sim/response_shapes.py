@@ -33,6 +33,7 @@ from app.sim import text
 from app.sim.errors import SimError
 
 ITEM_OVERHEAD = 3
+_NOT_TEXT = frozenset({"id", "type", "call_id", "role", "status"})  # framing, not words
 SUMMARY = "Planning a short answer."
 
 
@@ -53,7 +54,7 @@ def _strings(value: Any) -> Iterator[str]:
         if isinstance(item, str):
             yield item
         elif isinstance(item, dict):
-            stack.extend(v for k, v in item.items() if k not in ("id", "type", "call_id"))
+            stack.extend(v for k, v in item.items() if k not in _NOT_TEXT)
         elif isinstance(item, list):
             stack.extend(reversed(item))
 
