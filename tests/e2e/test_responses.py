@@ -54,8 +54,14 @@ def domain(name: str, sim: Sim, **extra: object) -> dict[str, object]:
 
 def test_json_and_stream_are_billed_from_the_response_usage(sim: Sim, make_gateway: Make) -> None:
     gw = make_gateway(GatewaySpec(settings={"admin_key": ADMIN}), sim.url)
-    client = gw.openai()
-    raw = client.responses.with_raw_response.create(model="gpt-4o", input="ping", max_output_tokens=5)
+    with gw.openai() as client:
+        _json_and_stream(gw, client, sim)
+
+
+def _json_and_stream(gw: Gateway, client: openai.OpenAI, sim: Sim) -> None:
+    raw = client.responses.with_raw_response.create(
+        model="gpt-4o", input="ping", max_output_tokens=5
+    )
     answer = raw.parse()
     assert raw.headers["x-tokengate-domain"] == "domain-a"
     assert answer.status == "incomplete" and answer.usage is not None
@@ -85,7 +91,11 @@ def test_stored_responses_are_followed_and_private_to_their_key(
 ) -> None:
     sim = make_sim("--background-ms", "60000")
     gw = make_gateway(GatewaySpec(keys={"alice": {}, "bob": {}}), sim.url)
-    alice, bob = gw.openai("alice"), gw.openai("bob")
+    with gw.openai("alice") as alice, gw.openai("bob") as bob:
+        _follow_ups(alice, bob)
+
+
+def _follow_ups(alice: openai.OpenAI, bob: openai.OpenAI) -> None:
     first = alice.responses.create(model="gpt-4o", input="remember this")
     second = alice.responses.create(model="gpt-4o", input="and this", previous_response_id=first.id)
     assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0
@@ -117,10 +127,8 @@ def test_websocket_mode_bridges_each_request_with_its_conversation(
     sim: Sim, make_gateway: Make
 ) -> None:
     gw = make_gateway(GatewaySpec(keys={"alice": {}, "slow": {"requests_per_minute": 1}}), sim.url)
-    with gw.openai().responses.connect() as conn:
-        conn.send(
-            {"type": "response.create", "model": "gpt-4o", "input": "hi", "generate": False}
-        )
+    with gw.openai() as client, client.responses.connect() as conn:
+        conn.send({"type": "response.create", "model": "gpt-4o", "input": "hi", "generate": False})
         warm = _until_done(conn)
         assert warm.type == "response.completed"
         assert sim.records("/v1/responses") == []  # a warm-up generates nothing upstream
@@ -144,7 +152,9 @@ def test_websocket_mode_bridges_each_request_with_its_conversation(
                 "tools": TOOLS,
                 "store": False,
                 "previous_response_id": called.response.id,
-                "input": [{"type": "function_call_output", "call_id": call.call_id, "output": "42"}],
+                "input": [
+                    {"type": "function_call_output", "call_id": call.call_id, "output": "42"}
+                ],
             }
         )
         answered = _until_done(conn)
@@ -156,7 +166,7 @@ def test_websocket_mode_bridges_each_request_with_its_conversation(
     metrics = gw.metrics()
     assert counter(metrics, "tokengate_responses_websocket_messages_total", kind="create") == 2
     assert counter(metrics, "tokengate_requests_total", status="200") >= 2
-    with gw.openai("slow").responses.connect() as conn:  # the same per-key limits
+    with gw.openai("slow") as client, client.responses.connect() as conn:  # same limits
         for _ in range(2):
             conn.send({"type": "response.create", "model": "gpt-4o", "input": "x"})
             last = _until_done(conn)
@@ -170,9 +180,7 @@ def _until_done(conn: Any) -> Any:
     raise AssertionError("the socket closed before the response ended")
 
 
-def test_websocket_upgrade_is_refused_with_426_or_401_at_once(
-    sim: Sim, make_gateway: Make
-) -> None:
+def test_websocket_upgrade_is_refused_with_426_or_401_at_once(sim: Sim, make_gateway: Make) -> None:
     url = lambda gw: gw.url.replace("http", "ws") + "/v1/responses"  # noqa: E731
     off = make_gateway(GatewaySpec(settings={"responses": {"websocket": False}}), sim.url)
     started = time.monotonic()
@@ -200,19 +208,21 @@ def test_previous_response_id_goes_to_its_domain_from_any_replica(
     two_spec = GatewaySpec(toml={"scale_up": [domain("dom-a", a), domain("dom-b", b)]}, env=env)
     two_spec.secrets = one.keys
     two = make_gateway(two_spec)
-    first = one.openai().responses.with_raw_response.create(model="gpt-4o", input="start")
+    with one.openai() as client:
+        first = client.responses.with_raw_response.create(model="gpt-4o", input="start")
     assert first.headers["x-tokengate-domain"] == "dom-b"
     first_id = first.parse().id
-    follow = two.openai().responses.with_raw_response.create(
-        model="gpt-4o", input="go on", previous_response_id=first_id
-    )
-    assert follow.headers["x-tokengate-domain"] == "dom-b"
-    streamed = list(
-        two.openai().responses.create(
-            model="gpt-4o", input="more", previous_response_id=follow.parse().id, stream=True
+    with two.openai() as client:
+        follow = client.responses.with_raw_response.create(
+            model="gpt-4o", input="go on", previous_response_id=first_id
         )
-    )
-    assert streamed[-1].type == "response.completed"
-    assert two.openai().responses.retrieve(first_id).id == first_id
+        assert follow.headers["x-tokengate-domain"] == "dom-b"
+        streamed = list(
+            client.responses.create(
+                model="gpt-4o", input="more", previous_response_id=follow.parse().id, stream=True
+            )
+        )
+        assert streamed[-1].type == "response.completed"
+        assert client.responses.retrieve(first_id).id == first_id
     assert a.records() == [] or all(r["path"] == "/v1/models" for r in a.records())
     assert len(b.records("/v1/responses")) == 3

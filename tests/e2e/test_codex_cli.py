@@ -1,0 +1,179 @@
+"""OpenAI's Codex CLI (npm `@openai/codex`, pinned) through `tokengate serve` in front of
+`tokengate sim`, offline, with a throwaway HOME: once over HTTP + SSE, once in the
+WebSocket mode Codex tries first.
+
+Each run is a whole agent turn: the sim answers Codex's request (which declares its
+`exec_command` tool) with a function call whose command is a harmless `echo`; Codex
+runs it and sends the output back; the sim answers that with text, which Codex prints.
+`make test` installs the CLI (`make codex-cli`); without an npm registry it is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.sim import response_shapes, text
+from tests.support.procs import ROOT, Gateway, GatewaySpec, Sim
+
+Make = Callable[..., Gateway]
+VERSION = "0.171.0"
+CACHE = ROOT / ".cache" / "npm"
+CODEX = CACHE / "node_modules" / ".bin" / "codex"
+MODEL = "local-model"  # not in Codex's catalogue: plain function tools, no "lite" format
+
+
+@pytest.fixture(scope="module")
+def codex() -> Path:
+    if CODEX.exists():
+        return CODEX
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed (`make codex-cli` installs Debian's nodejs and npm)")
+    done = subprocess.run(
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(CACHE),
+            "--no-audit",
+            "--no-fund",
+            f"@openai/codex@{VERSION}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if done.returncode != 0 or not CODEX.exists():
+        pytest.skip(f"npm could not install @openai/codex@{VERSION}: {done.stderr.strip()[-300:]}")
+    return CODEX
+
+
+def config(gw: Gateway, websockets: bool) -> str:
+    """Everything that phones home off; the gateway as a custom Responses provider."""
+    return f"""
+model = "{MODEL}"
+model_provider = "tokengate"
+approval_policy = "never"
+web_search = "disabled"
+check_for_update_on_startup = false
+
+[features]
+plugins = false
+goals = false
+unbounded_connection_retries = false
+
+[agents]
+enabled = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[model_providers.tokengate]
+name = "tokengate"
+base_url = "{gw.url}/v1"
+env_key = "TOKENGATE_API_KEY"
+wire_api = "responses"
+supports_websockets = {str(websockets).lower()}
+request_max_retries = 1
+stream_max_retries = 1
+"""
+
+
+def run_codex(
+    codex: Path, gw: Gateway, home: Path, websockets: bool
+) -> subprocess.CompletedProcess[str]:
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text(config(gw, websockets))
+    work = home / "work"
+    work.mkdir()
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "TOKENGATE_API_KEY": gw.key,
+    }
+    return subprocess.run(
+        # The command the sim asks for is an `echo`: no sandbox is needed to run it, and
+        # none may be available in a CI container.
+        [
+            str(codex),
+            "exec",
+            "--strict-config",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            "-s",
+            "danger-full-access",
+            "Say PONG",
+        ],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def metric(metrics: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if all(got.get(k) == v for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def check_turn(done: subprocess.CompletedProcess[str], sim: Sim) -> list[dict[str, Any]]:
+    """Codex ran the sim's tool call and printed the sim's answer to its output."""
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, second = (r["body"] for r in sim.records("/v1/responses"))
+    assert "exec_command" in json.dumps(first["tools"])
+    call = next(i for i in second["input"] if i.get("type") == "function_call")
+    result = next(i for i in second["input"] if i.get("type") == "function_call_output")
+    assert result["call_id"] == call["call_id"]
+    echoed = json.loads(call["arguments"])["cmd"].removeprefix("echo ")
+    assert echoed in result["output"]  # the command really ran
+    answer = " ".join(text.reply_words(response_shapes.seed_of(second["input"]), 16))
+    assert answer in done.stdout
+    return [first, second]
+
+
+@pytest.mark.parametrize("websockets", [False, True], ids=["http-sse", "websocket"])
+def test_codex_exec_completes_a_turn_through_the_gateway(
+    codex: Path, make_sim: Callable[..., Sim], make_gateway: Make, tmp_path: Path, websockets: bool
+) -> None:
+    sim = make_sim("--models", MODEL)
+    gw = make_gateway(
+        GatewaySpec(settings={"model_route": {"default": MODEL, "fallback": None}}), sim.url
+    )
+    done = run_codex(codex, gw, tmp_path / "home", websockets)
+    sent = check_turn(done, sim)
+    metrics = gw.metrics()
+    assert metric(metrics, "tokengate_tokens_total", key="alice", kind="prompt") > 1000
+    assert metric(metrics, "tokengate_tokens_total", key="alice", kind="completion") > 0
+    assert metric(metrics, "tokengate_requests_total", status="200") == 2
+    endpoints = [line["endpoint"] for line in gw.access()]
+    if websockets:
+        assert endpoints == ["responses_ws", "responses_ws"]
+        assert metric(metrics, "tokengate_responses_websocket_upgrades_total", status="101") == 1
+        assert metric(metrics, "tokengate_responses_websocket_messages_total", kind="warmup") == 1
+        # Codex sent only the new items after its warm-up and the tool call; the upstream
+        # got whole conversations, with no id it could not resolve.
+        assert all("previous_response_id" not in body for body in sent)
+    else:
+        assert endpoints == ["responses", "responses"]
+        assert metric(metrics, "tokengate_responses_websocket_upgrades_total") == 0
