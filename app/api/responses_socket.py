@@ -60,7 +60,7 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gate
         refusal = not_served(gateway)
         if refusal is not None:
             raise refusal
-        key = _authenticate(gateway, scope)
+        _authenticate(gateway, scope)
     except GatewayError as exc:
         gateway.metrics.record_socket_upgrade(exc.status)
         await _deny(ws, exc)
@@ -69,7 +69,7 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gate
     gateway.metrics.record_socket_upgrade(101)
     gateway.metrics.socket_opened()
     try:
-        await _converse(ws, gateway, _session(gateway, key, scope))
+        await _converse(ws, gateway, _session(gateway, scope))
     except* _GONE:
         pass  # the client left: its request was cancelled with the worker
     except* Exception as group:
@@ -89,7 +89,7 @@ def _authenticate(gateway: Gateway, scope: Scope) -> KeySpec:
     return gateway.keys.authenticate(authorization, api_key)
 
 
-def _session(gateway: Gateway, key: KeySpec, scope: Scope) -> SocketSession:
+def _session(gateway: Gateway, scope: Scope) -> SocketSession:
     # The upgrade's `openai-beta: responses_websockets=...` names the socket protocol; it
     # is not a beta of the HTTP requests the session makes.
     headers = {
@@ -97,12 +97,14 @@ def _session(gateway: Gateway, key: KeySpec, scope: Scope) -> SocketSession:
         for k, v in forwardable(scope["headers"]).items()
         if not (k == "openai-beta" and "responses_websockets" in v)
     }
+    settings = gateway.runtime.settings
     return SocketSession(
         gateway.responses,
-        key,
+        lambda: _authenticate(gateway, scope),
         headers,
         gateway.metrics,
-        cached=gateway.runtime.settings.responses.websocket_cached_responses,
+        cached=settings.responses.websocket_cached_responses,
+        max_body=settings.server.max_body_bytes,
         new_request_id=new_request_id,
     )
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from app.errors import GatewayError, InvalidRequest, UpstreamRejected
+from app.errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamRejected
 from app.metrics import Metrics
 from app.pipeline.answer import StreamAnswer
 from app.pipeline.request import RESPONSES_SOCKET
@@ -63,19 +63,24 @@ class Turn:
 
 
 class SocketSession:
+    """`authenticate` is asked again for every request, so a key that expires, or is
+    removed by a reload, stops working on a connection opened before."""
+
     def __init__(
         self,
         service: ResponsesService,
-        key: KeySpec,
+        authenticate: Callable[[], KeySpec],
         headers: Mapping[str, str],
         metrics: Metrics,
         *,
         cached: int,
+        max_body: int,
         new_request_id: Callable[[], str],
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.service = service
-        self.key = key
+        self.authenticate = authenticate
+        self.max_body = max_body
         self.headers = headers
         self.metrics = metrics
         self.turns: OrderedDict[str, Turn] = OrderedDict()
@@ -154,14 +159,15 @@ class SocketSession:
     async def _create(
         self, body: dict[str, Any], items: list[Any], started: float, send: Send
     ) -> None:
-        call = parse_call(
-            RESPONSES_SOCKET,
-            orjson.dumps(body),
-            self.key,
-            self.new_request_id(),
-            self.headers,
-            started,
-        )
+        key = self.authenticate()
+        raw = orjson.dumps(body)
+        if len(raw) > self.max_body:  # what the same request over HTTP would get
+            raise PayloadTooLarge(
+                f"the conversation is {len(raw)} bytes, over the gateway's limit of "
+                f"{self.max_body} bytes (server.max_body_bytes)",
+                should_retry=False,
+            )
+        call = parse_call(RESPONSES_SOCKET, raw, key, self.new_request_id(), self.headers, started)
         answer = await self.service.create(call)
         if not isinstance(answer, StreamAnswer):  # stream is always set: a bug if not
             raise InvalidRequest("the upstream did not stream the response")

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.errors import AuthenticationFailed
 from app.gateway import Gateway
 from app.pipeline.socket_session import SocketSession
 from app.runtime import KeySpec
@@ -42,16 +43,24 @@ class Socket:
         self, gw: Gateway, key: KeySpec, bodies: list[dict[str, Any]], cached: int
     ) -> None:
         ids = count()
+        self.key = key
+        self.revoked = False
         self.session = SocketSession(
             gw.responses,
-            key,
+            self._authenticate,
             {},
             gw.metrics,
             cached=cached,
+            max_body=4000,
             new_request_id=lambda: f"req_{next(ids)}",
         )
         self.frames: list[dict[str, Any]] = []
         self.bodies = bodies
+
+    def _authenticate(self) -> KeySpec:
+        if self.revoked:
+            raise AuthenticationFailed("Incorrect API key provided.")
+        return self.key
 
     async def _send(self, text: str) -> None:
         self.frames.append(json.loads(text))
@@ -139,6 +148,7 @@ async def test_refusals_are_error_events_with_their_http_status(
         ({"type": "session.update"}, 400),
         (create(input="x", background=True), 400),
         (create(input=3), 400),
+        (create(input="x" * 5000), 413),
     ):
         (frame,) = await ws.say(message)
         assert (frame["type"], frame["status"]) == ("error", status), message
@@ -147,3 +157,6 @@ async def test_refusals_are_error_events_with_their_http_status(
     assert limited["status"] == 429 and limited["error"]["code"] == "rate_limit_exceeded"
     assert int(limited["headers"]["retry-after"]) >= 1  # what Codex waits for
     assert len(ws.bodies) == 1
+    ws.revoked = True  # a reload removed the key: the open connection stops serving it
+    (revoked,) = await ws.say(create(input="z"))
+    assert revoked["status"] == 401
