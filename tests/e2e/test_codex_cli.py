@@ -58,37 +58,15 @@ def codex() -> Path:
 
 
 def config(gw: Gateway, websockets: bool) -> str:
-    """Everything that phones home off; the gateway as a custom Responses provider."""
-    return f"""
-model = "{MODEL}"
-model_provider = "tokengate"
-approval_policy = "never"
-web_search = "disabled"
-check_for_update_on_startup = false
-
-[features]
-plugins = false
-goals = false
-unbounded_connection_retries = false
-
-[agents]
-enabled = false
-
-[analytics]
-enabled = false
-
-[feedback]
-enabled = false
-
-[model_providers.tokengate]
-name = "tokengate"
-base_url = "{gw.url}/v1"
-env_key = "TOKENGATE_API_KEY"
-wire_api = "responses"
-supports_websockets = {str(websockets).lower()}
-request_max_retries = 1
-stream_max_retries = 1
-"""
+    """The README's copy-paste config.toml (so it stays true), pointed at this gateway."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("**Codex CLI through tokengate**") :]
+    block = section[section.index("```toml\n") + 8 : section.index("```\n", 8)]
+    assert f'model = "{MODEL}"' in block and "supports_websockets = true" in block
+    block = block.replace("http://127.0.0.1:8080", gw.url)
+    return block.replace(
+        "supports_websockets = true", f"supports_websockets = {str(websockets).lower()}"
+    )
 
 
 def run_codex(
