@@ -23,12 +23,12 @@ import logging
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
+from app.api.deps import caller_of
 from app.api.errors import render
 from app.api.middleware import new_request_id
 from app.errors import GatewayError, UpgradeRequired
 from app.gateway import Gateway
 from app.pipeline.socket_session import SocketSession
-from app.runtime import KeySpec
 from app.upstream.client import forwardable
 
 log = logging.getLogger("tokengate.errors")
@@ -60,7 +60,7 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gate
         refusal = not_served(gateway)
         if refusal is not None:
             raise refusal
-        _authenticate(gateway, scope)
+        caller_of(scope, gateway)
     except GatewayError as exc:
         gateway.metrics.record_socket_upgrade(exc.status)
         await _deny(ws, exc)
@@ -79,16 +79,6 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gate
         gateway.metrics.socket_closed()
 
 
-def _authenticate(gateway: Gateway, scope: Scope) -> KeySpec:
-    authorization = api_key = None
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            authorization = value.decode("latin-1")
-        elif name == b"x-api-key":
-            api_key = value.decode("latin-1")
-    return gateway.keys.authenticate(authorization, api_key)
-
-
 def _session(gateway: Gateway, scope: Scope) -> SocketSession:
     # The upgrade's `openai-beta: responses_websockets=...` names the socket protocol; it
     # is not a beta of the HTTP requests the session makes.
@@ -100,7 +90,7 @@ def _session(gateway: Gateway, scope: Scope) -> SocketSession:
     settings = gateway.runtime.settings
     return SocketSession(
         gateway.responses,
-        lambda: _authenticate(gateway, scope),
+        lambda: caller_of(scope, gateway),
         headers,
         gateway.metrics,
         cached=settings.responses.websocket_cached_responses,

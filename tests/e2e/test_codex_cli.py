@@ -11,7 +11,6 @@ runs it and sends the output back; the sim answers that with text, which Codex p
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from app.sim import response_shapes, text
+from tests.e2e.test_limits import counter
 from tests.support.procs import ROOT, Gateway, GatewaySpec, Sim
 
 Make = Callable[..., Gateway]
@@ -105,16 +105,6 @@ def run_codex(
     )
 
 
-def metric(metrics: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in metrics.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            if all(got.get(k) == v for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def check_turn(done: subprocess.CompletedProcess[str], sim: Sim) -> list[dict[str, Any]]:
     """Codex ran the sim's tool call and printed the sim's answer to its output."""
     assert done.returncode == 0, done.stderr[-2000:]
@@ -141,17 +131,17 @@ def test_codex_exec_completes_a_turn_through_the_gateway(
     done = run_codex(codex, gw, tmp_path / "home", websockets)
     sent = check_turn(done, sim)
     metrics = gw.metrics()
-    assert metric(metrics, "tokengate_tokens_total", key="alice", kind="prompt") > 1000
-    assert metric(metrics, "tokengate_tokens_total", key="alice", kind="completion") > 0
-    assert metric(metrics, "tokengate_requests_total", status="200") == 2
+    assert counter(metrics, "tokengate_tokens_total", key="alice", kind="prompt") > 1000
+    assert counter(metrics, "tokengate_tokens_total", key="alice", kind="completion") > 0
+    assert counter(metrics, "tokengate_requests_total", status="200") == 2
     endpoints = [line["endpoint"] for line in gw.access()]
     if websockets:
         assert endpoints == ["responses_ws", "responses_ws"]
-        assert metric(metrics, "tokengate_responses_websocket_upgrades_total", status="101") == 1
-        assert metric(metrics, "tokengate_responses_websocket_messages_total", kind="warmup") == 1
+        assert counter(metrics, "tokengate_responses_websocket_upgrades_total", status="101") == 1
+        assert counter(metrics, "tokengate_responses_websocket_messages_total", kind="warmup") == 1
         # Codex sent only the new items after its warm-up and the tool call; the upstream
         # got whole conversations, with no id it could not resolve.
         assert all("previous_response_id" not in body for body in sent)
     else:
         assert endpoints == ["responses", "responses"]
-        assert metric(metrics, "tokengate_responses_websocket_upgrades_total") == 0
+        assert counter(metrics, "tokengate_responses_websocket_upgrades_total") == 0

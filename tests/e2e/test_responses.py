@@ -4,7 +4,6 @@ replicas sharing Redis)."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 import websockets.sync.client as ws_client
 from websockets.exceptions import InvalidStatus
 
+from tests.e2e.test_limits import counter
 from tests.support.procs import Gateway, GatewaySpec, Redis, Sim
 
 Make = Callable[..., Gateway]
@@ -30,16 +30,6 @@ TOOLS = [
         },
     }
 ]
-
-
-def counter(metrics: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in metrics.splitlines():
-        if line.startswith(name + "{"):
-            got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            if all(got.get(k) == v for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def ledger(gw: Gateway) -> list[dict[str, Any]]:
