@@ -39,7 +39,7 @@ from app.limits import estimate
 from app.metrics import Metrics
 from app.pipeline.answer import Answer
 from app.pipeline.core import Pipeline
-from app.pipeline.request import ClientRequest
+from app.pipeline.request import RESPONSES_COMPACT, ClientRequest
 from app.pipeline.wire import parse_json
 from app.runtime import KeySpec
 from app.upstream.attempt import AttemptFailed
@@ -94,7 +94,8 @@ class ResponsesService:
                 if home.owner != call.key.alias:
                     raise previous_not_found(previous)
                 call.home = home.domain
-        if call.body.get("store") is not False:  # OpenAI: not stored, not retrievable
+        stored = call.body.get("store") is not False  # OpenAI: else kept nowhere
+        if stored and call.endpoint is not RESPONSES_COMPACT:  # a compaction is no response
             call.on_response = partial(self._created, call.key.alias)
         return await self.pipeline.handle(call)
 

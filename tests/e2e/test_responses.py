@@ -4,6 +4,7 @@ replicas sharing Redis)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -74,6 +75,32 @@ def _json_and_stream(gw: Gateway, client: openai.OpenAI, sim: Sim) -> None:
     )
     (rec, _) = sim.records("/v1/responses")
     assert rec["body"] == {"model": "gpt-4o", "input": "ping", "max_output_tokens": 5}
+
+
+def test_function_calls_pass_through_streamed_and_not(gateway: Gateway, sim: Sim) -> None:
+    with gateway.openai() as client:
+        ask: dict[str, Any] = {"model": "gpt-4o", "input": "look it up", "tools": TOOLS}
+        (call,) = client.responses.create(**ask, store=False).output
+        assert call.type == "function_call" and json.loads(call.arguments)["query"]
+        events = list(client.responses.create(**ask, store=False, stream=True))
+        pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+        (done,) = [e.item for e in events if e.type == "response.output_item.done"]
+        assert "".join(pieces) == done.arguments == call.arguments  # the same call, in pieces
+        history = [
+            {"role": "user", "content": "look it up"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": "found"},
+        ]
+        answer = client.responses.create(model="gpt-4o", input=history, tools=TOOLS, store=False)
+        assert answer.output[0].type == "message"
+    sent = [r["body"] for r in sim.records("/v1/responses")]
+    assert all(body["tools"] == TOOLS for body in sent)
+    assert sent[2]["input"] == history  # items reach the upstream as the client sent them
 
 
 def test_stored_responses_are_followed_and_private_to_their_key(
