@@ -83,7 +83,8 @@ class RedisStore:
         if await self.probe() and self.replica is not None:
             # a clean stop leaves the list at once; a crash ages out (REPLICA_TTL_SEC)
             await self._client.zrem(f"{self.prefix}replicas", self.replica)
-        await self._client.aclose()
+        # The pool was passed in, so the client would leave its connections open.
+        await self._client.aclose(close_connection_pool=True)
 
     async def probe(self) -> bool:
         try:

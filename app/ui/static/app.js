@@ -30,6 +30,10 @@ function ms(v) {
   return v >= 1000 ? (v / 1000).toFixed(v >= 10000 ? 0 : 1) + " s" : Math.round(v) + " ms";
 }
 
+function percent(share) {
+  return share > 0 && share < 0.01 ? "<1 %" : Math.round(share * 100) + " %";
+}
+
 function clock(unix) {
   return new Date(unix * 1000).toLocaleTimeString([], { hour12: false });
 }
@@ -212,10 +216,12 @@ function renderTiles(s) {
   const se = s.series;
   const byClass = se.requests_per_sec;
   const rps = Object.values(byClass).reduce((a, v) => a + lastMinute(v, se.step_sec), 0);
-  const errs = lastMinute(byClass["5xx"], se.step_sec) + lastMinute(byClass["4xx"], se.step_sec);
+  const share = (cls) => (rps ? lastMinute(byClass[cls], se.step_sec) / rps : 0);
   $("tile-rps").textContent = num(rps);
-  $("tile-errors").textContent = rps ? Math.round((100 * errs) / rps) + " %" : "–";
-  $("tile-errors").classList.toggle("bad", rps > 0 && lastMinute(byClass["5xx"], se.step_sec) / rps > 0.05);
+  $("tile-5xx").textContent = rps ? percent(share("5xx")) : "–";
+  $("tile-5xx").classList.toggle("bad", share("5xx") > 0.05);
+  $("tile-429").textContent = rps ? percent(share("429")) : "–";
+  $("tile-429").classList.toggle("warn", share("429") > 0.05);
   const tps = lastMinute(se.tokens_per_sec.prompt, se.step_sec) + lastMinute(se.tokens_per_sec.completion, se.step_sec);
   $("tile-tps").textContent = num(tps);
   $("tile-ttft").textContent = ms(se.totals.ttft_ms.p95);
@@ -292,6 +298,23 @@ function renderKeys(keys) {
 
 function renderErrors(errors) {
   $("errors-total").textContent = errors.total ? errors.recent.length + " shown of " + errors.total + " since start" : "";
+  // What the listed errors are, grouped: a flood of one kind must not hide the rest.
+  const kinds = new Map();
+  for (const e of errors.recent) {
+    const kind = e.status + " " + (e.code || "");
+    const k = kinds.get(kind) || { n: 0, keys: new Set(), since: e.at, status: e.status };
+    k.n += 1;
+    k.keys.add(e.key);
+    k.since = Math.min(k.since, e.at);
+    kinds.set(kind, k);
+  }
+  $("error-kinds").replaceChildren(
+    ...[...kinds.entries()]
+      .sort((a, b) => b[1].n - a[1].n)
+      .map(([kind, k]) =>
+        el("li", { cls: k.status >= 500 ? "bad" : "warn", text: kind + " ×" + k.n + " · keys " + [...k.keys].join(", ") + " · since " + clock(k.since) }),
+      ),
+  );
   const rows = errors.recent.map((e) =>
     el(
       "tr",
