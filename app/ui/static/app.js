@@ -206,23 +206,26 @@ function renderAttention(items) {
   list.replaceChildren(...rows);
 }
 
-function lastMinute(values, step) {
-  const n = Math.max(1, Math.round(60 / step));
+// The mean of the last minute's complete buckets (fewer right after a start: the
+// buckets before it were not "no traffic", they did not exist).
+function lastMinute(values, step, uptime) {
+  const n = Math.max(1, Math.min(Math.round(60 / step), Math.floor(uptime / step)));
   const tail = values.slice(-n);
   return tail.reduce((a, b) => a + b, 0) / tail.length;
 }
 
 function renderTiles(s) {
   const se = s.series;
+  const minute = (values) => lastMinute(values, se.step_sec, s.status.uptime_sec);
   const byClass = se.requests_per_sec;
-  const rps = Object.values(byClass).reduce((a, v) => a + lastMinute(v, se.step_sec), 0);
-  const share = (cls) => (rps ? lastMinute(byClass[cls], se.step_sec) / rps : 0);
+  const rps = Object.values(byClass).reduce((a, v) => a + minute(v), 0);
+  const share = (cls) => (rps ? minute(byClass[cls]) / rps : 0);
   $("tile-rps").textContent = num(rps);
   $("tile-5xx").textContent = rps ? percent(share("5xx")) : "–";
   $("tile-5xx").classList.toggle("bad", share("5xx") > 0.05);
   $("tile-429").textContent = rps ? percent(share("429")) : "–";
   $("tile-429").classList.toggle("warn", share("429") > 0.05);
-  const tps = lastMinute(se.tokens_per_sec.prompt, se.step_sec) + lastMinute(se.tokens_per_sec.completion, se.step_sec);
+  const tps = minute(se.tokens_per_sec.prompt) + minute(se.tokens_per_sec.completion);
   $("tile-tps").textContent = num(tps);
   $("tile-ttft").textContent = ms(se.totals.ttft_ms.p95);
   let queued = 0;
