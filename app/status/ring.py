@@ -70,13 +70,21 @@ class Ring:
         self.wall = wall
         # One bucket more than the points shown: the current one, still filling.
         self._buckets = [_Bucket() for _ in range(self.points + 1)]
+        self._current = self._buckets[0]
+        self._until = -1.0  # clock time the current bucket ends: before it, no arithmetic
 
     # -- recording (hot path) ------------------------------------------------------
     def _bucket(self) -> _Bucket:
+        if self.clock() < self._until:
+            return self._current
+        return self._advance()
+
+    def _advance(self) -> _Bucket:
         epoch = int(self.clock() // self.step)
         b = self._buckets[epoch % len(self._buckets)]
         if b.epoch != epoch:
             b.reset(epoch)
+        self._current, self._until = b, (epoch + 1) * self.step
         return b
 
     def answered(self, status: int, prompt: int = 0, completion: int = 0) -> None:
