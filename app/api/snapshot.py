@@ -50,7 +50,10 @@ async def snapshot(gateway: Gateway, board: StatusBoard) -> dict[str, object]:
         "readiness": health["status"],
         "attention": [
             {"level": level, "text": text}
-            for level, text in sorted(attention(gateway, board, uses), key=lambda a: a[0])
+            # critical first; sorted() keeps the order of the checks within a level
+            for level, text in sorted(
+                attention(gateway, board, uses), key=lambda a: a[0] != CRITICAL
+            )
         ],
         "status": status,
         "keys": [_key(k, use) for k, use in uses],

@@ -28,7 +28,7 @@ from app.errors import NotFound
 
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )
