@@ -100,7 +100,7 @@ def test_the_status_page_shows_a_gateway_under_load(
     browser: Any, sim: Sim, make_gateway: Make, redis: Redis
 ) -> None:
     shown, other = _replicas(redis, sim, make_gateway)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1400, "height": 1000}, color_scheme="dark")
     problems: list[str] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
@@ -185,3 +185,44 @@ def _snapshot(gw: Gateway) -> dict[str, Any]:
     )
     r.raise_for_status()
     return dict(r.json())
+
+
+def test_budgets_show_when_the_snapshot_has_them_and_nothing_renders_as_html(
+    browser: Any, sim: Sim, make_gateway: Make
+) -> None:
+    gw = make_gateway(GatewaySpec(settings={"admin_key": ADMIN}), sim.url)
+    snap = _snapshot(gw)
+    hostile = '<img src=x id=injected onerror="document.title=1">'
+    snap["keys"][0]["budget"] = {"used": 30, "limit": 100, "period": "month"}
+    snap["attention"] = [{"level": "critical", "text": hostile}]
+    snap["errors"] = {
+        "total": 1,
+        "recent": [
+            {
+                "at": snap["generated_unix"],
+                "request_id": "req_x",
+                "key": hostile,
+                "model": "m",
+                "domain": None,
+                "status": 502,
+                "code": "upstream_error",
+                "message": hostile,
+            }
+        ],
+    }
+    page = browser.new_page()
+    page.route(
+        "**/admin/ui/snapshot",
+        lambda route: route.fulfill(status=200, json=snap, headers={"cache-control": "no-store"}),
+    )
+    page.goto(f"{gw.url}/ui")
+    page.fill("#key", ADMIN)
+    page.press("#key", "Enter")
+    page.wait_for_selector("body[data-state=live]")
+
+    assert page.is_visible("#keys th.budget")
+    assert "30 of 100 / month" in page.inner_text("#keys tbody")
+    assert page.inner_text("#attention") == hostile  # shown as text...
+    assert page.inner_text("#errors tbody").count(hostile) == 2
+    assert page.query_selector("#injected") is None  # ...never parsed as markup
+    assert page.title() == "tokengate status"
