@@ -31,7 +31,7 @@ from prometheus_client import multiprocess as _mp
 
 from app.kinds import TokenKind
 from app.status.board import StatusBoard
-from app.status.recent import RecentErrors
+from app.status.recent import Failure, RecentErrors
 from app.status.ring import Ring
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -327,20 +327,11 @@ class Metrics:
         if self._ring is not None:
             self._ring.throttled()
 
-    def record_error(
-        self,
-        request_id: str,
-        key: str,
-        model: str | None,
-        domain: str | None,
-        status: int,
-        code: str | None,
-        message: str,
-    ) -> None:
+    def record_error(self, failure: Failure) -> None:
         """An error answer, for the status page's list of recent errors (no Prometheus
         series: request ids are unbounded labels; the counts are in `requests`)."""
         if self._errors is not None:
-            self._errors.add(request_id, key, model, domain, status, code, message)
+            self._errors.add(failure)
 
     def record_cooldown(self, domain: str, seconds: float) -> None:
         if seconds > 0:

@@ -45,6 +45,7 @@ from app.pipeline.failure import client_error
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
+from app.status.recent import Failure
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.usage import parse_usage
@@ -392,13 +393,15 @@ class Pipeline:
             self.metrics.record_answer(domain, model, usage, status, seconds)
         if status >= 400:
             self.metrics.record_error(
-                trace.request_id,
-                trace.key,
-                model,
-                trace.domain,
-                status,
-                trace.error,
-                _error_message(status, exc),
+                Failure(
+                    trace.request_id,
+                    trace.key,
+                    model,
+                    trace.domain,
+                    status,
+                    trace.error,
+                    _error_message(status, exc),
+                )
             )
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})

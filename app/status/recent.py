@@ -18,8 +18,9 @@ from typing import NamedTuple
 MAX_MESSAGE = 200
 
 
-class ErrorRecord(NamedTuple):
-    at: float  # unix seconds
+class Failure(NamedTuple):
+    """One error answer, as the pipeline knows it when the request ends."""
+
     request_id: str
     key: str
     model: str | None
@@ -27,9 +28,6 @@ class ErrorRecord(NamedTuple):
     status: int
     code: str | None
     message: str
-
-    def as_dict(self) -> dict[str, object]:
-        return self._asdict()
 
 
 def shorten(message: str, limit: int = MAX_MESSAGE) -> str:
@@ -39,36 +37,17 @@ def shorten(message: str, limit: int = MAX_MESSAGE) -> str:
 
 class RecentErrors:
     def __init__(self, size: int = 50, wall: Callable[[], float] = time.time) -> None:
-        self._entries: deque[ErrorRecord] = deque(maxlen=size)
+        self._entries: deque[tuple[float, Failure]] = deque(maxlen=size)
         self.wall = wall
         self.total = 0  # since start, so the page can tell "50 shown of 1234"
 
-    def add(
-        self,
-        request_id: str,
-        key: str,
-        model: str | None,
-        domain: str | None,
-        status: int,
-        code: str | None,
-        message: str,
-    ) -> None:
+    def add(self, failure: Failure) -> None:
         self.total += 1
-        self._entries.append(
-            ErrorRecord(
-                round(self.wall(), 3),
-                request_id,
-                key,
-                model,
-                domain,
-                status,
-                code,
-                shorten(message),
-            )
-        )
+        short = failure._replace(message=shorten(failure.message))
+        self._entries.append((round(self.wall(), 3), short))
 
     def snapshot(self) -> dict[str, object]:
         return {
             "total": self.total,
-            "recent": [e.as_dict() for e in reversed(self._entries)],
+            "recent": [{"at": at, **f._asdict()} for at, f in reversed(self._entries)],
         }

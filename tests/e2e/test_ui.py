@@ -156,12 +156,8 @@ def test_the_status_page_shows_a_gateway_under_load(
 
     # Another tab with a wrong key: refused, asked again, nothing kept.
     stranger = browser.new_page()
-    stranger.goto(f"{shown.url}/ui")
-    stranger.fill("#key", "not-the-admin-key")
-    stranger.click("#login-form button[type=submit]")
-    stranger.wait_for_function(
-        "() => document.getElementById('login-error').textContent.includes('refused')"
-    )
+    _log_in(stranger, shown, "not-the-admin-key")
+    _login_error(stranger, "refused")
     assert stranger.evaluate("sessionStorage.length") == 0
     assert stranger.is_visible("#key") and not stranger.is_visible("#board")
 
@@ -170,13 +166,21 @@ def test_without_an_admin_key_the_page_says_how_to_enable_it(
     browser: Any, gateway: Gateway
 ) -> None:
     page = browser.new_page()
-    page.goto(f"{gateway.url}/ui")
-    page.fill("#key", "any-key")
-    page.click("#login-form button[type=submit]")
-    page.wait_for_function(
-        "() => document.getElementById('login-error').textContent.includes('TOKENGATE_ADMIN_KEY')"
-    )
+    _log_in(page, gateway, "any-key")
+    _login_error(page, "TOKENGATE_ADMIN_KEY")
     assert page.evaluate("sessionStorage.length") == 0 and page.url == f"{gateway.url}/ui"
+
+
+def _log_in(page: Any, gw: Gateway, key: str) -> None:
+    page.goto(f"{gw.url}/ui")
+    page.fill("#key", key)
+    page.press("#key", "Enter")
+
+
+def _login_error(page: Any, text: str) -> None:
+    page.wait_for_function(
+        "t => document.getElementById('login-error').textContent.includes(t)", arg=text
+    )
 
 
 def _snapshot(gw: Gateway) -> dict[str, Any]:
@@ -215,9 +219,7 @@ def test_budgets_show_when_the_snapshot_has_them_and_nothing_renders_as_html(
         "**/admin/ui/snapshot",
         lambda route: route.fulfill(status=200, json=snap, headers={"cache-control": "no-store"}),
     )
-    page.goto(f"{gw.url}/ui")
-    page.fill("#key", ADMIN)
-    page.press("#key", "Enter")
+    _log_in(page, gw, ADMIN)
     page.wait_for_selector("body[data-state=live]")
 
     assert page.is_visible("#keys th.budget")
