@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -40,6 +42,7 @@ from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
 from app.runtime import DomainSpec, KeySpec, Runtime
+from app.status.board import StatusBoard
 from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
 from app.upstream.client import Timeouts, Transport, UpstreamClient, make_transport
@@ -64,6 +67,8 @@ class Gateway:
         s = runtime.settings
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
         self._transport_factory = transport_factory or self._default_transport
+        # Names this process on the status page and in the shared store's replica list.
+        self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
         self.store = store or self._build_store()
         self.ledger = Ledger(Path(s.ledger.path), s.ledger.flush_interval_sec)
         # Without Redis each of N workers enforces 1/N of every limit and every domain
@@ -77,6 +82,9 @@ class Gateway:
         self.batch_runner = BatchRunner(
             self.batch_store, s.batch, self.pipeline, lambda alias: self.keys.by_alias.get(alias)
         )
+        # The status page's recent traffic, fed by the metrics verbs (None: page disabled).
+        self.board = StatusBoard(step_sec=s.ui.step_sec) if s.ui.enabled else None
+        metrics.watch(self.board)
         self.draining = False
         self._unresolved: set[str] = set()
         self._drain_started = 0.0
@@ -136,6 +144,7 @@ class Gateway:
                 timeout_ms=s.redis.timeout_ms,
                 max_connections=s.redis.max_connections,
                 on_state=self.metrics.set_redis_up,
+                replica=self.replica_id,
             )
         return MemoryStore()
 
@@ -381,6 +390,13 @@ class Gateway:
     @property
     def limits_shared(self) -> bool:
         return self.store.shared
+
+    async def replicas(self) -> dict[str, float]:
+        """Every replica known to be alive and when it was last seen (unix seconds): this
+        one, now, and those the shared store has heard from."""
+        seen = await self.store.replicas()
+        seen[self.replica_id] = time.time()
+        return seen
 
     async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
         """A live per-key limit (admin API), shared with every replica through Redis."""

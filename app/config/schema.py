@@ -372,6 +372,21 @@ class BatchConfig(Section):
     )
 
 
+class UiConfig(Section):
+    enabled: bool = Field(
+        True,
+        description="Serve the live status page at `/ui` (its data, `/admin/ui/snapshot`, needs "
+        "the admin key). Off: both answer 404 and no recent traffic is kept in memory.",
+    )
+    step_sec: int = Field(
+        5,
+        ge=1,
+        le=60,
+        description="Seconds per point of the status page's 15-minute charts (900 / step_sec "
+        "points per series, kept in a fixed-size ring in each process).",
+    )
+
+
 class Settings(BaseSettings):
     """The whole configuration. Paths are bound by `app.config.sources.load_settings`."""
 
@@ -422,3 +437,4 @@ class Settings(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    ui: UiConfig = Field(default_factory=UiConfig)

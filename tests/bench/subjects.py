@@ -83,6 +83,7 @@ def tokengate(
     cpus: str | None = None,
     redis_url: str | None = None,
     upstream_client: str = "native",
+    extra_env: dict[str, str] | None = None,
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
 
@@ -105,6 +106,7 @@ def tokengate(
     )
     if redis_url:
         env["TOKENGATE_REDIS_URL"] = redis_url
+    env.update(extra_env or {})
     if workers > 1:
         # What the CLI would create in /tmp, but inside the run's dir so it never leaks;
         # one worker keeps in-memory metrics, as `serve` does by default.

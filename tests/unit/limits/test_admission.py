@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from app.errors import RateLimited
-from app.limits.admission import Admission, duration
+from app.limits.admission import Admission, KeyUse, duration
+from app.limits.bucket import Limits
 from app.limits.ledger import Ledger, UsageEntry
 from app.limits.store import MemoryStore
 from app.metrics import Metrics, new_registry
@@ -86,3 +87,36 @@ async def test_workers_without_shared_store_split_each_limit() -> None:
 
 def _no_spawn(coro: object) -> None:
     raise AssertionError("a memory store settles inline")
+
+
+async def test_use_reads_a_local_store_live_without_touching_it() -> None:
+    adm, clock = admission()
+    fresh = adm.use(KEY)
+    assert (fresh.source, fresh.remaining) == ("live", (5, 1000))  # never seen: all of it
+    await adm.admit(KEY, 400)
+    await adm.admit(KEY, 100)
+    assert adm.use(KEY).remaining == (3, 500)
+    assert adm.use(KEY).remaining == (3, 500)  # reading spends nothing
+    clock.advance(12)  # a fifth of a minute refills a fifth of each limit
+    assert adm.use(KEY).remaining == (4, 700)
+    await adm.admit(KEY, 600)  # and the refill it showed is really there
+    assert adm.use(KEY).remaining == (3, 100)
+
+
+class _SharedStore(MemoryStore):
+    """A store whose buckets this process cannot read (as with Redis)."""
+
+    def peek(self, key: str, limits: Limits) -> None:  # type: ignore[override]
+        return None
+
+
+async def test_use_of_a_shared_store_is_the_last_admission_refilled_since() -> None:
+    clock = FakeClock()
+    adm = Admission(_SharedStore(clock), Metrics(new_registry()), Ledger(path=None), clock=clock)
+    assert adm.use(KEY) == KeyUse(Limits(5, 1000), None, "unknown")
+    await adm.admit(KEY, 700)
+    assert adm.use(KEY) == KeyUse(Limits(5, 1000), (4, 300), "last_request", 0.0)
+    clock.advance(6)
+    assert adm.use(KEY) == KeyUse(Limits(5, 1000), (4, 400), "last_request", 6.0)
+    clock.advance(600)
+    assert adm.use(KEY).remaining == (5, 1000)  # never above the limit
