@@ -347,9 +347,7 @@ class DatabaseConfig(Section):
         "key limits) when `database.url` is unset; its directory is created. One node only: "
         "replicas on several hosts need `database.url`.",
     )
-    pool_size: PositiveInt = Field(
-        5, description="PostgreSQL connections each process keeps open."
-    )
+    pool_size: PositiveInt = Field(5, description="PostgreSQL connections each process keeps open.")
     max_overflow: int = Field(
         5, ge=0, description="Extra PostgreSQL connections a burst may open beyond `pool_size`."
     )

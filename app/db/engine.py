@@ -79,12 +79,16 @@ class Database:
             yield
         except _UNREACHABLE as exc:
             self._state(False, _reason(exc))
-            raise DatabaseUnavailable(f"database {self.where} unreachable: {_reason(exc)}") from None
+            raise DatabaseUnavailable(
+                f"database {self.where} unreachable: {_reason(exc)}"
+            ) from None
         except DBAPIError as exc:
             if not exc.connection_invalidated:
                 raise
             self._state(False, _reason(exc))
-            raise DatabaseUnavailable(f"database {self.where} unreachable: {_reason(exc)}") from None
+            raise DatabaseUnavailable(
+                f"database {self.where} unreachable: {_reason(exc)}"
+            ) from None
         self._state(True, None)
 
     def _state(self, up: bool, error: str | None) -> None:
@@ -191,13 +195,17 @@ def _pg_engine(url: Any, cfg: DatabaseConfig) -> AsyncEngine:
 
 @contextlib.asynccontextmanager
 async def _file_lock(path: Path) -> AsyncIterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
+    handle = await asyncio.to_thread(_open_lock, path)
+    try:
         await asyncio.to_thread(fcntl.flock, handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def _open_lock(path: Path) -> Any:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a")
 
 
 def _reason(exc: BaseException) -> str:

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.support.procs import free_port
 
@@ -53,8 +54,17 @@ class Postgres:
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         out = subprocess.run(
-            [str(_bindir() / "psql"), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql,
-             self.url(database)],
+            [
+                str(_bindir() / "psql"),
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+                self.url(database),
+            ],
             check=True,
             capture_output=True,
             text=True,
@@ -70,23 +80,8 @@ class Postgres:
         data = self.root / "data"
         if not data.exists():
             self._initdb(data)
-        self.proc = subprocess.Popen(
-            _as_postgres(
-                [
-                    str(_bindir() / "postgres"),
-                    "-D", str(data),
-                    "-p", str(self.port),
-                    "-h", "127.0.0.1",
-                    "-k", str(self.root),
-                    "-c", "fsync=off",
-                    "-c", "synchronous_commit=off",
-                    "-c", "full_page_writes=off",
-                    "-c", "max_connections=200",
-                ]
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.root / "postgres.log", "ab"),  # noqa: SIM115
-        )
+        with open(self.root / "postgres.log", "ab") as logfile:
+            self.proc = self._spawn(data, logfile)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.root / "postgres.log").read_text()
@@ -99,6 +94,33 @@ class Postgres:
             time.sleep(0.1)
         raise TimeoutError("postgres did not start")
 
+    def _spawn(self, data: Path, logfile: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            _as_postgres(
+                [
+                    str(_bindir() / "postgres"),
+                    "-D",
+                    str(data),
+                    "-p",
+                    str(self.port),
+                    "-h",
+                    "127.0.0.1",
+                    "-k",
+                    str(self.root),
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=200",
+                ]
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=logfile,
+        )
+
     def _initdb(self, data: Path) -> None:
         pwfile = self.root / "pw"
         pwfile.write_text(PASSWORD)
@@ -107,14 +129,21 @@ class Postgres:
             _as_postgres(
                 [
                     str(_bindir() / "initdb"),
-                    "-D", str(data),
-                    "-U", USER,
-                    "--pwfile", str(pwfile),
-                    "--auth-local", "trust",
-                    "--auth-host", "scram-sha-256",
+                    "-D",
+                    str(data),
+                    "-U",
+                    USER,
+                    "--pwfile",
+                    str(pwfile),
+                    "--auth-local",
+                    "trust",
+                    "--auth-host",
+                    "scram-sha-256",
                     "--no-sync",
-                    "-E", "UTF8",
-                    "--locale", "C",
+                    "-E",
+                    "UTF8",
+                    "--locale",
+                    "C",
                 ]
             ),
             check=True,
