@@ -165,6 +165,7 @@ class Gateway:
         await self._load_overrides()
         self._describe_limits()
         log.info("durable state (ledger, batches, live limits) in %s", self.db.where)
+        self._warn_deprecated()
         if self.runtime.settings.health_check.enabled:
             await asyncio.gather(*(self._probe(d) for d in self.domains))
         for domain in self.domains:
@@ -175,6 +176,18 @@ class Gateway:
         self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
         self._sync_gauges()
+
+    def _warn_deprecated(self) -> None:
+        s = self.runtime.settings
+        for name, value in (("ledger.path", s.ledger.path), ("batch.path", s.batch.path)):
+            if value is not None:
+                log.warning(
+                    "%s (%s) is deprecated and ignored: the ledger, batches and files live in "
+                    "one database, database.path (%s) or database.url for PostgreSQL",
+                    name,
+                    value,
+                    self.db.where,
+                )
 
     def _describe_limits(self) -> None:
         if self.store.shared:

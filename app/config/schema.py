@@ -289,7 +289,7 @@ class RedisConfig(Section):
     url: SecretStr | None = Field(
         None,
         description="Redis URL shared by replicas (`TOKENGATE_REDIS_URL`); unset keeps limits "
-        "in-process.",
+        "and ledger in-process.",
     )
     fail_mode: Literal["open", "closed"] = Field(
         "open",

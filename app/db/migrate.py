@@ -90,26 +90,34 @@ async def state(db: Database) -> SchemaState:
 
 async def upgrade(db: Database, target: str = "heads") -> tuple[str | None, str | None]:
     """Migrate to `target` under the schema lock; (revision before, revision after)."""
-
-    def run(conn: Connection) -> tuple[str | None, str | None]:
-        before = MigrationContext.configure(conn).get_current_revision()
-        cfg = _config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, target)
-        return before, MigrationContext.configure(conn).get_current_revision()
-
     async with db.exclusive(_LOCK) as conn:
-        result: tuple[str | None, str | None] = await conn.run_sync(run)
-        await conn.commit()
+        return await _upgrade_on(conn, target)
+
+
+async def _upgrade_on(conn: AsyncConnection, target: str) -> tuple[str | None, str | None]:
+    def run(sync: Connection) -> tuple[str | None, str | None]:
+        before = MigrationContext.configure(sync).get_current_revision()
+        cfg = _config()
+        cfg.attributes["connection"] = sync
+        command.upgrade(cfg, target)
+        return before, MigrationContext.configure(sync).get_current_revision()
+
+    result: tuple[str | None, str | None] = await conn.run_sync(run)
+    await conn.commit()
     return result
 
 
 async def prepare(db: Database) -> SchemaState:
     """Before serving: create an empty database at head; refuse one that does not fit."""
     found = await state(db)
-    if found.empty:
-        await upgrade(db)  # under the lock, from whatever another replica already made
-        found = await state(db)
+    if found.current is None:
+        # Empty, or another replica is creating it right now (its tables may show up
+        # between our two reads): decide under the schema lock, on one snapshot.
+        async with db.exclusive(_LOCK) as conn:
+            found = await _state_on(conn)
+            if found.empty:
+                await _upgrade_on(conn, "heads")
+                found = await _state_on(conn)
     check(found, db.where)
     return found
 
