@@ -384,6 +384,9 @@ class Gateway:
             found = await self.overrides.load()
         except DatabaseUnavailable:
             return  # keep the ones we have; the database's state is in /health/ready
+        except Exception as exc:
+            log.error("reading live key limits failed: %r", exc)
+            return
         for alias, o in found.items():
             self.admission.overrides[alias] = Limits(o.requests_per_minute, o.tokens_per_minute)
 

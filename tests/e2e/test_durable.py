@@ -245,3 +245,46 @@ def _pg_path() -> str:
     from tests.support.postgres import _bindir
 
     return f"{_bindir()}:/usr/bin:/bin"
+
+
+def test_a_database_outage_keeps_serving_and_loses_no_ledger_row(
+    sim: Sim, make_gateway: Make
+) -> None:
+    from tests.support.postgres import postgres_server
+
+    with postgres_server() as pg:  # its own server: this test stops it
+        env = {
+            "TOKENGATE_DATABASE_URL": pg.url(pg.fresh_database()),
+            "TOKENGATE_DATABASE__CONNECT_TIMEOUT_SEC": "2",
+            "TOKENGATE_ADMIN_KEY": ADMIN_KEY,
+        }
+        gw = make_gateway(GatewaySpec(keys=FAST_KEYS, env=env), sim.url)
+        client = gw.openai()
+
+        def burst(n: int) -> None:
+            for i in range(n):
+                client.chat.completions.create(
+                    model="gpt-4o", max_tokens=3, messages=[{"role": "user", "content": f"{i}"}]
+                )
+
+        burst(5)
+        pg.stop()
+        burst(10)  # served while the database is away
+        deadline = time.monotonic() + 20
+        while (db := httpx.get(f"{gw.url}/health/ready").json()["database"])["up"] is not False:
+            assert time.monotonic() < deadline, db
+            time.sleep(0.2)
+        assert db["ledger_backlog_rows"] > 0 and "pg-test-secret" not in json.dumps(db)
+        assert "tokengate_database_up 0.0" in gw.metrics()
+        assert httpx.get(f"{gw.url}/health/ready").status_code == 200  # still serving
+
+        pg.start()
+        billed = sim.stats()["billed"]
+        assert billed["requests"] == 15
+        deadline = time.monotonic() + 30
+        while True:
+            r = httpx.get(f"{gw.url}/admin/usage", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+            if r.status_code == 200 and billed_by_ledger(r.json()["data"]) == billed:
+                break
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.3)

@@ -3,7 +3,7 @@
 `initdb` into a temporary directory, `postgres` listening on 127.0.0.1 only (and a unix
 socket in that directory), trust authentication for the test role plus a password, fsync
 off (a test cluster is thrown away). Run as root, the server runs as the `postgres` user
-(`runuser`), which is why the directory is not a pytest tmp_path (root-only). Each test
+(Popen's `user=`), which is why the directory is not a pytest tmp_path (root-only). Each test
 gets its own database (`fresh_database`), so nothing leaks between tests.
 """
 
@@ -13,6 +13,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -37,10 +38,12 @@ def _bindir() -> Path:
     return Path(candidates[-1]).parent
 
 
-def _as_postgres(argv: list[str]) -> list[str]:
+def _as_postgres() -> dict[str, Any]:
+    """Popen arguments that drop root to the `postgres` user (PostgreSQL refuses root);
+    the child is the server itself, so signals reach it directly."""
     if os.geteuid() != 0:
-        return argv
-    return ["runuser", "-u", "postgres", "--", *argv]
+        return {}
+    return {"user": "postgres", "group": "postgres", "extra_groups": []}
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Postgres:
 
     def _spawn(self, data: Path, logfile: Any) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            _as_postgres(
+            (
                 [
                     str(_bindir() / "postgres"),
                     "-D",
@@ -119,6 +122,7 @@ class Postgres:
             ),
             stdout=subprocess.DEVNULL,
             stderr=logfile,
+            **_as_postgres(),
         )
 
     def _initdb(self, data: Path) -> None:
@@ -126,7 +130,7 @@ class Postgres:
         pwfile.write_text(PASSWORD)
         _chown(self.root)
         subprocess.run(
-            _as_postgres(
+            (
                 [
                     str(_bindir() / "initdb"),
                     "-D",
@@ -148,11 +152,12 @@ class Postgres:
             ),
             check=True,
             capture_output=True,
+            **_as_postgres(),
         )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # smart shutdown: sessions end, then the server
+            self.proc.send_signal(signal.SIGINT)  # fast shutdown: sessions are cut
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
