@@ -68,7 +68,8 @@ def main() -> None:
             cfg = DatabaseConfig.model_validate({"url": pg.url(pg.fresh_database())})
             s = asyncio.run(_flush(cfg, args.rows))
             print(
-                f"postgresql flush of {args.rows} rows: {s * 1000:.0f} ms ({args.rows / s:,.0f} rows/s)"
+                f"postgresql flush of {args.rows} rows: {s * 1000:.0f} ms "
+                f"({args.rows / s:,.0f} rows/s)"
             )
 
 
