@@ -210,6 +210,7 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self._add_durable_state(r)
 
     def watch(self, board: StatusBoard | None) -> None:
         """Feed `board` (the status page's recent traffic) from the verbs below too."""
@@ -354,6 +355,53 @@ class Metrics:
 
     def set_route_unresolved(self, model: str, unresolved: bool) -> None:
         self._child(self.route_unresolved, model).set(1 if unresolved else 0)
+
+    # -- durable state (the database and the usage ledger) ---------------------------------
+    def _add_durable_state(self, r: CollectorRegistry) -> None:
+        self.database_up = Gauge(
+            "tokengate_database_up",
+            "1 when the database (SQLite file or PostgreSQL) answered the last call.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.ledger_flush = Histogram(
+            "tokengate_ledger_flush_seconds",
+            "Time to write one ledger flush (one transaction) to the database.",
+            buckets=_QUEUE,
+            registry=r,
+        )
+        self.ledger_flush_failures = Counter(
+            "tokengate_ledger_flush_failures",
+            "Ledger flushes that failed (kept in memory and retried).",
+            registry=r,
+        )
+        self.ledger_backlog = Gauge(
+            "tokengate_ledger_backlog_rows",
+            "Ledger rows settled but not yet written to the database.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.ledger_dropped = Counter(
+            "tokengate_ledger_dropped",
+            "Ledger entries dropped because the buffer was full (ledger.max_buffered_rows) "
+            "while the database was unreachable.",
+            registry=r,
+        )
+
+    def set_database_up(self, up: bool) -> None:
+        self.database_up.set(1 if up else 0)
+
+    def record_ledger_flush(self, seconds: float, rows: int, ok: bool) -> None:
+        if ok:
+            self.ledger_flush.observe(seconds)
+        else:
+            self.ledger_flush_failures.inc()
+
+    def set_ledger_backlog(self, rows: int) -> None:
+        self.ledger_backlog.set(rows)
+
+    def record_ledger_dropped(self) -> None:
+        self.ledger_dropped.inc()
 
     # -- exposition ---------------------------------------------------------------------
     def render(self) -> bytes:

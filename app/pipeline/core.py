@@ -344,6 +344,7 @@ class Pipeline:
         assert usage is not None
         trace.model = usage.model or trace.attempts[-1].model
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
+        trace.cached_tokens = usage.cached
         self._finish(call, trace, ticket, 200)
         headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
         ctype = reply.response.headers.get("content-type", "application/json")
@@ -369,6 +370,9 @@ class Pipeline:
             error=status != 200,
             failed_prompt_tokens=failed[0],
             failed_completion_tokens=failed[1],
+            domain=trace.domain or "-",
+            cached_tokens=trace.cached_tokens,
+            status=status,
         )
         self.admission.settle(ticket, entry, self.spawn, dispatched=trace.dispatched)
         self._log(trace, status, exc, entry)

@@ -99,7 +99,7 @@ def tokengate(
         TOKENGATE_API_ENDPOINT=upstream,
         TOKENGATE_LOGGING__OUTPUT=str(workdir / "gateway.log"),
         TOKENGATE_LOGGING__LEVEL=log_level,
-        TOKENGATE_LEDGER__PATH=str(workdir / "ledger.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(workdir / "tokengate.sqlite3"),
         TOKENGATE_RATE_LIMIT__REQUESTS_PER_MINUTE=str(HUGE_RPM),
         TOKENGATE_RATE_LIMIT__TOKENS_PER_MINUTE=str(HUGE_TPM),
         TOKENGATE_SERVER__UPSTREAM_CLIENT=upstream_client,

@@ -181,4 +181,4 @@ def test_wheel_installs_and_serves(tmp_path: Path, sim: Sim) -> None:
     lines = [json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{")]
     assert any(ln.get("logger", "").startswith("tokengate") for ln in lines), "logs on stdout"
     assert any(ln["msg"].startswith("draining") for ln in lines), "SIGTERM must start a drain"
-    assert (root / "var" / "ledger.sqlite3").is_file(), "the ledger goes to the writable dir"
+    assert (root / "var" / "tokengate.sqlite3").is_file(), "the database goes to the writable dir"

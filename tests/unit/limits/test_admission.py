@@ -1,7 +1,13 @@
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
+from app.config.schema import DatabaseConfig, LedgerConfig
+from app.db.engine import Database
+from app.db.usage import UsageBook
 from app.errors import RateLimited
 from app.limits.admission import Admission, KeyUse, duration
 from app.limits.bucket import Limits
@@ -15,7 +21,10 @@ from tests.support.clock import FakeClock
 def admission(divisor: int = 1) -> tuple[Admission, FakeClock]:
     clock = FakeClock()
     store = MemoryStore(clock)
-    return Admission(store, Metrics(new_registry()), Ledger(path=None), divisor=divisor), clock
+    # Admission only hands entries to the ledger: it never reaches this (unopened) file.
+    unused = Database(DatabaseConfig(path=str(Path(tempfile.gettempdir()) / "unused.sqlite3")))
+    ledger = Ledger(UsageBook(unused), LedgerConfig())
+    return Admission(store, Metrics(new_registry()), ledger, divisor=divisor), clock
 
 
 KEY = KeySpec("k", ("d",), tokens_per_minute=1000, requests_per_minute=5)
