@@ -35,8 +35,9 @@ define apt
 	done
 endef
 
-system-deps: ## install redis-server and promtool (Debian packages) when missing
-	$(call apt,redis-server:redis-server promtool:prometheus)
+system-deps: ## install redis-server, promtool, chromium and PostgreSQL (Debian packages) when missing
+	$(call apt,redis-server:redis-server promtool:prometheus chromium:chromium)
+	$(call apt,pg_ctlcluster:postgresql)
 
 # The Codex CLI the end-to-end tests drive (tests/e2e/test_codex_cli.py), pinned, kept
 # under .cache/ (gitignored) and reused. No npm registry: the tests say so and skip.

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
-from app.api import admin, batches, errors, health, openai, stored_responses
+from app.api import admin, batches, errors, health, openai, stored_responses, ui
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
@@ -73,6 +73,8 @@ def create_app(
     app.include_router(stored_responses.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    if runtime.settings.ui.enabled:
+        ui.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # Outside FastAPI, so a proxied request crosses none of its middleware layers.
     front = EdgeRoutes(app, gateway)

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from app.limits.estimate import TextCounter
+from app.upstream.usage import cached_tokens
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
@@ -50,12 +51,12 @@ class SseRelay:
         self.strip = strip_usage_chunk
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens = 0
         self.text = TextCounter()
         self.model: str | None = None
         self.saw_content = False
         self.done = False
         self.events = 0
-        self.cached_tokens = 0
         self.response_id: str | None = None  # Responses API
         self._tail = b""
         self._skim = False  # an OpenAI stream past its first content: defer content events
@@ -161,6 +162,7 @@ class SseRelay:
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            self.cached_tokens = cached_tokens(usage)
             if self.strip and not choices:
                 return False
         return True
@@ -172,6 +174,7 @@ class SseRelay:
                 self.model = message["model"]
             usage = message.get("usage") or {}
             self.prompt_tokens = _int(usage.get("input_tokens"))
+            self.cached_tokens = cached_tokens(usage)
         elif kind == "content_block_delta":
             text = (obj.get("delta") or {}).get("text")
             if isinstance(text, str) and text:
@@ -207,9 +210,7 @@ class SseRelay:
             usage = response.get("usage")
             if isinstance(usage, dict):
                 self._take_usage(usage.get("input_tokens"), usage.get("output_tokens"))
-                details = usage.get("input_tokens_details")
-                if isinstance(details, dict):
-                    self.cached_tokens = _int(details.get("cached_tokens"))
+                self.cached_tokens = cached_tokens(usage)
 
     def _take_usage(self, prompt: Any, completion: Any) -> None:
         self.prompt_tokens = _int(prompt)

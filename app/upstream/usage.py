@@ -8,6 +8,7 @@ each sub-task's output is validated before it is billed (docs/design.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -20,7 +21,7 @@ class Usage:
     completion: int
     model: str | None
     reported: bool = True
-    cached: int = 0  # prompt tokens the upstream served from its prompt cache
+    cached: int = 0  # prompt tokens served from the upstream's prompt cache
     response_id: str | None = None  # the Responses API's id of the answer
 
 
@@ -40,11 +41,25 @@ def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False
     if not isinstance(usage, dict):
         return Usage(0, 0, model, reported=False)
     if anthropic:
-        return Usage(_int(usage.get("input_tokens")), _int(usage.get("output_tokens")), model)
-    return Usage(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), model)
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return Usage(_int(prompt), _int(completion), model, cached=cached_tokens(usage))
 
 
-def _responses_usage(obj: dict[str, object], usage: object, model: str | None) -> Usage:
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """Prompt tokens read from the upstream's cache: OpenAI's
+    `prompt_tokens_details.cached_tokens` (part of `prompt_tokens`; the Responses API's
+    `input_tokens_details.cached_tokens`, part of `input_tokens`) or Anthropic's
+    `cache_read_input_tokens` (which Anthropic counts apart from `input_tokens`)."""
+    for name in ("prompt_tokens_details", "input_tokens_details"):
+        details = usage.get(name)
+        if isinstance(details, dict) and "cached_tokens" in details:
+            return _int(details["cached_tokens"])
+    return _int(usage.get("cache_read_input_tokens"))
+
+
+def _responses_usage(obj: dict[str, Any], usage: object, model: str | None) -> Usage:
     """A Response object: `input_tokens` (cached ones included), `output_tokens`, and
     its id. A background response answered `queued` has no usage yet."""
     ident = obj.get("id")
@@ -58,11 +73,6 @@ def _responses_usage(obj: dict[str, object], usage: object, model: str | None) -
         cached=cached_tokens(usage),
         response_id=rid,
     )
-
-
-def cached_tokens(usage: dict[str, object]) -> int:
-    details = usage.get("input_tokens_details")
-    return _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
 
 
 def _int(value: object) -> int:
