@@ -18,13 +18,16 @@ from app.runtime import KeySpec
 from tests.support.clock import FakeClock
 
 
+def unopened_ledger() -> Ledger:
+    # Admission only hands entries to the ledger: it never reaches this (unopened) file.
+    unused = Database(DatabaseConfig(path=str(Path(tempfile.gettempdir()) / "unused.sqlite3")))
+    return Ledger(UsageBook(unused), LedgerConfig())
+
+
 def admission(divisor: int = 1) -> tuple[Admission, FakeClock]:
     clock = FakeClock()
     store = MemoryStore(clock)
-    # Admission only hands entries to the ledger: it never reaches this (unopened) file.
-    unused = Database(DatabaseConfig(path=str(Path(tempfile.gettempdir()) / "unused.sqlite3")))
-    ledger = Ledger(UsageBook(unused), LedgerConfig())
-    return Admission(store, Metrics(new_registry()), ledger, divisor=divisor), clock
+    return Admission(store, Metrics(new_registry()), unopened_ledger(), divisor=divisor), clock
 
 
 KEY = KeySpec("k", ("d",), tokens_per_minute=1000, requests_per_minute=5)
@@ -121,7 +124,7 @@ class _SharedStore(MemoryStore):
 
 async def test_use_of_a_shared_store_is_the_last_admission_refilled_since() -> None:
     clock = FakeClock()
-    adm = Admission(_SharedStore(clock), Metrics(new_registry()), Ledger(path=None), clock=clock)
+    adm = Admission(_SharedStore(clock), Metrics(new_registry()), unopened_ledger(), clock=clock)
     assert adm.use(KEY) == KeyUse(Limits(5, 1000), None, "unknown")
     await adm.admit(KEY, 700)
     assert adm.use(KEY) == KeyUse(Limits(5, 1000), (4, 300), "last_request", 0.0)
