@@ -34,6 +34,13 @@ def client_error(last: AttemptFailed, trace: Trace, *, cooperate: bool) -> Gatew
     match last.reason:
         case Reason.STATUS_4XX | Reason.RESPONSE_NOT_FOUND if last.status is not None:
             return UpstreamRejected(last.status, last.body, last.content_type)
+        case Reason.MODEL_NOT_FOUND if trace.endpoint.startswith("responses"):
+            return ModelNotFound(
+                f"the upstream answered 404 for model '{trace.attempts[-1].model}' on the "
+                "Responses API: it may not serve the model, or not /v1/responses at all "
+                "(operators: set responses = false on such a [[scale_up]] domain)",
+                param="model",
+            )
         case Reason.MODEL_NOT_FOUND:
             return ModelNotFound(
                 f"the upstream does not serve model '{trace.attempts[-1].model}'; "

@@ -229,3 +229,12 @@ async def test_input_tokens_are_counted_upstream_or_estimated(
     estimated = await gw2.responses.input_tokens(gw2.keys.anonymous, body, "r")
     assert json.loads(estimated.body)["input_tokens"] == 3 + 4 + 2
     assert estimated.headers["x-tokengate-estimated"] == "true"
+
+
+async def test_an_upstream_without_the_responses_api_is_named_in_the_404(
+    two: Callable[..., Gateway],
+) -> None:
+    gw = two(upstream([], lambda r: httpx.Response(404, text="Not Found")))
+    with pytest.raises(NotFound) as missing:
+        await create(gw, {"input": "x"})
+    assert "responses = false" in missing.value.message
