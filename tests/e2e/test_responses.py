@@ -117,6 +117,8 @@ def _follow_ups(alice: openai.OpenAI, bob: openai.OpenAI) -> None:
     second = alice.responses.create(model="gpt-4o", input="and this", previous_response_id=first.id)
     assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0
     assert alice.responses.retrieve(first.id).output_text == first.output_text
+    replay = list(alice.responses.retrieve(first.id, stream=True, starting_after=1))
+    assert replay[0].sequence_number == 2 and replay[-1].type == "response.completed"
     items = alice.responses.input_items.list(second.id)
     assert [i.content for i in items.data] == ["and this"]  # type: ignore[union-attr]
     counted = alice.responses.input_tokens.count(model="gpt-4o", input="one two three")
