@@ -53,6 +53,7 @@ from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
 from app.upstream.client import Timeouts, Transport, UpstreamClient, make_transport
 from app.upstream.health import probe
+from app.upstream.websocket import SocketDialer
 
 log = logging.getLogger("tokengate.gateway")
 SETTLE_WAIT_SEC = 2.0  # longest /admin/usage waits for settles still running
@@ -87,6 +88,7 @@ class Gateway:
         self.admission = Admission(self.store, metrics, self.ledger, divisor=self.divisor)
         self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
+        self.socket_dialer = self._socket_dialer()
         self.batch_store = BatchStore(self.db)
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
         self.batch_runner = BatchRunner(
@@ -157,6 +159,14 @@ class Gateway:
                 replica=self.replica_id,
             )
         return MemoryStore()
+
+    def _socket_dialer(self) -> SocketDialer | None:
+        """Upstream WebSocket connections, if a domain's upstream has that mode."""
+        if not any(d.responses_websocket for d in self.runtime.domains):
+            return None
+        sched = self.runtime.settings.token_scheduler
+        timeouts = sched.connect_timeout_ms / 1000, sched.timeout_ms / 1000
+        return SocketDialer(*timeouts, os.environ)
 
     def _response_homes(self) -> ResponseHomes:
         """Where stored responses live: in Redis when configured, so every replica knows."""
@@ -314,6 +324,8 @@ class Gateway:
             await self.db.close()
         for domain in self.domains:
             await domain.client.close()
+        if self.socket_dialer is not None:
+            await self.socket_dialer.close()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

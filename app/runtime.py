@@ -38,6 +38,7 @@ class DomainSpec:
     weight: float = 1.0
     api_style: ApiStyle = ApiStyle.OPENAI
     responses: bool = True  # serves the Responses API (if api_style speaks OpenAI's)
+    responses_websocket: bool = False  # ... and its WebSocket mode
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def _domains(
                 weight=entry.weight,
                 api_style=entry.api_style,
                 responses=entry.responses,
+                responses_websocket=entry.responses_websocket,
             )
         )
     return out

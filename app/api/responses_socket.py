@@ -30,6 +30,7 @@ from app.errors import GatewayError, UpgradeRequired
 from app.gateway import Gateway
 from app.pipeline.socket_session import SocketSession
 from app.upstream.client import forwardable
+from app.upstream.websocket import UpstreamSockets
 
 log = logging.getLogger("tokengate.errors")
 MAX_PENDING = 8  # client messages waiting behind the one being answered
@@ -68,8 +69,9 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gate
     await ws.accept()
     gateway.metrics.record_socket_upgrade(101)
     gateway.metrics.socket_opened()
+    session = _session(gateway, scope)
     try:
-        await _converse(ws, gateway, _session(gateway, scope))
+        await _converse(ws, gateway, session)
     except* _GONE:
         pass  # the client left: its request was cancelled with the worker
     except* Exception as group:
@@ -77,6 +79,7 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gate
         await _close(ws, INTERNAL, "internal error; see the gateway log")
     finally:
         gateway.metrics.socket_closed()
+        await session.close()
 
 
 def _session(gateway: Gateway, scope: Scope) -> SocketSession:
@@ -96,6 +99,7 @@ def _session(gateway: Gateway, scope: Scope) -> SocketSession:
         cached=settings.responses.websocket_cached_responses,
         max_body=settings.server.max_body_bytes,
         new_request_id=new_request_id,
+        sockets=UpstreamSockets(gateway.socket_dialer) if gateway.socket_dialer else None,
     )
 
 

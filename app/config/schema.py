@@ -151,6 +151,13 @@ class ScaleUpConfig(Section):
         "(`/v1/responses`); false keeps Responses traffic, and the WebSocket mode, off "
         "this domain.",
     )
+    responses_websocket: bool = Field(
+        False,
+        description="The upstream also serves the Responses WebSocket mode (OpenAI does): "
+        "requests that reach the gateway over its WebSocket mode go on over a WebSocket of "
+        "their own, one per client connection, sending only the new items while the "
+        "upstream holds the conversation. False: HTTP + SSE, the whole conversation each time.",
+    )
 
 
 class ScaleOutConfig(Section):

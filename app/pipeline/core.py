@@ -47,6 +47,7 @@ from app.pipeline.trace import Attempt, Trace
 from app.runtime import KeySpec, Runtime
 from app.status.recent import Failure
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
+from app.upstream.client import UpstreamResponse
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.usage import Usage, parse_usage
 
@@ -300,13 +301,17 @@ class Pipeline:
         return reply
 
     async def _send(self, call: ClientRequest, domain: Domain, body: bytes) -> Reply:
-        resp = await domain.client.send(
-            call.endpoint.path,
-            body,
-            stream=call.stream,
-            request_id=call.request_id,
-            client_headers=call.client_headers,
-        )
+        resp: UpstreamResponse | None = None
+        if call.sockets is not None and domain.spec.responses_websocket:
+            resp = await call.sockets.send(domain.spec, body)  # None: the upstream said no
+        if resp is None:
+            resp = await domain.client.send(
+                call.endpoint.path,
+                body,
+                stream=call.stream,
+                request_id=call.request_id,
+                client_headers=call.client_headers,
+            )
         advertised = rate_headers(resp.headers)
         if resp.status != 429:
             domain.dispatcher.pacer.answered()

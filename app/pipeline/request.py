@@ -16,6 +16,7 @@ import orjson
 
 from app.kinds import QueueClass
 from app.runtime import KeySpec
+from app.upstream.websocket import UpstreamSockets
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class ClientRequest:
     # and who to tell the id of the response the answer created (id, serving domain).
     home: str | None = None
     on_response: Callable[[str, str], None] | None = None
+    # A client WebSocket's own upstream sockets (domains with responses_websocket).
+    sockets: UpstreamSockets | None = None
 
     @property
     def queue_class(self) -> QueueClass:

@@ -15,7 +15,10 @@ after the other.
                     works, as OpenAI's connection-local cache makes it work)
                no:  passed on as it came (a stored response: pinned to its domain)
              └► one request through the pipeline (limits, queue, retries before the first
-                byte, fallback, metrics, ledger, access log), streamed back event by event
+                byte, fallback, metrics, ledger, access log), streamed back event by event;
+                a domain with `responses_websocket` gets it over this connection's own
+                upstream socket, as only the items its upstream does not hold yet
+                (`app/upstream/websocket.py`)
 
 A refusal before the stream starts (rate limit, queue full, upstream 4xx...) is an error
 event with the HTTP status the same request would have got: `{"type": "error", "status":
@@ -46,6 +49,7 @@ from app.pipeline.responses import ResponsesService
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
 from app.upstream.streaming import RESPONSES_TERMINAL
+from app.upstream.websocket import UpstreamSockets
 
 Send = Callable[[str], Awaitable[None]]
 # Client events that need no answer (Codex's acknowledgement, behind a feature flag).
@@ -76,9 +80,11 @@ class SocketSession:
         cached: int,
         max_body: int,
         new_request_id: Callable[[], str],
+        sockets: UpstreamSockets | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.service = service
+        self.sockets = sockets
         self.authenticate = authenticate
         self.max_body = max_body
         self.headers = headers
@@ -118,6 +124,11 @@ class SocketSession:
         except GatewayError as exc:
             self.metrics.record_socket_message("refused")
             await send(_error_frame(exc))
+
+    async def close(self) -> None:
+        """The client connection ended: its upstream sockets end with it."""
+        if self.sockets is not None:
+            await self.sockets.close()
 
     def _body(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
         """The HTTP body of a `response.create`, with the conversation expanded when it
@@ -168,6 +179,7 @@ class SocketSession:
                 should_retry=False,
             )
         call = parse_call(RESPONSES_SOCKET, raw, key, self.new_request_id(), self.headers, started)
+        call.sockets = self.sockets
         answer = await self.service.create(call)
         if not isinstance(answer, StreamAnswer):  # stream is always set: a bug if not
             raise InvalidRequest("the upstream did not stream the response")

@@ -64,6 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=300.0,
         help="how long a Responses API background response takes (queued, then in progress)",
     )
+    p.add_argument(
+        "--responses-websocket",
+        action="store_true",
+        help="also serve the Responses API's WebSocket mode on GET /v1/responses",
+    )
 
 
 def knobs_from(args: argparse.Namespace) -> SimKnobs:
@@ -81,6 +86,7 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         balance=args.balance,
         record=not args.no_record,
         background_ms=args.background_ms,
+        responses_websocket=args.responses_websocket,
         faults=Faults(
             status=args.fail_status,
             count=args.fail_next,

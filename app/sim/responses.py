@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.sim import response_shapes as shapes
 from app.sim.errors import SimError
@@ -117,8 +118,10 @@ class ResponsesSim:
             if not handed_off:
                 sim.inflight -= 1
 
-    def _plan(self, body: dict[str, Any], model: str) -> tuple[shapes.Plan, Stored]:
-        context, cached = self._context(body)
+    def _plan(
+        self, body: dict[str, Any], model: str, local: dict[str, Stored] | None = None
+    ) -> tuple[shapes.Plan, Stored]:
+        context, cached = self._context(body, local)
         items = shapes.input_items(body)
         shapes.check_outputs(context, items)
         if body.get("background") is True and body.get("store") is False:
@@ -139,13 +142,17 @@ class ResponsesSim:
             stored.queued_until, stored.ready_at = now + span / 3, now + span
         return plan, stored
 
-    def _context(self, body: dict[str, Any]) -> tuple[list[Any], int]:
-        """The conversation continued from `previous_response_id` and its tokens (what a
-        prompt cache holds)."""
+    def _context(
+        self, body: dict[str, Any], local: dict[str, Stored] | None = None
+    ) -> tuple[list[Any], int]:
+        """The conversation continued from `previous_response_id` (this WebSocket's own
+        responses first, when there is one) and its tokens (what a prompt cache holds)."""
         previous = body.get("previous_response_id")
         if previous is None:
             return [], 0
-        stored = self.stored.get(previous) if isinstance(previous, str) else None
+        stored = None
+        if isinstance(previous, str):
+            stored = (local or {}).get(previous) or self.stored.get(previous)
         if stored is None or stored.cancelled:
             raise shapes.bad(
                 f"Previous response with id '{str(previous)[:200]}' not found.",
@@ -195,6 +202,69 @@ class ResponsesSim:
             raise
         finally:
             sim.inflight -= 1
+
+    # -- the WebSocket mode (--responses-websocket) --------------------------------------------
+    async def socket(self, ws: WebSocket) -> None:
+        """`response.create` frames answered one at a time with the stream's events, one
+        per frame; the connection keeps every response it made, stored or not (OpenAI's
+        connection-local cache), so a request may send only its new items."""
+        if not self._socket_key_ok(ws):
+            await ws.close(1008, "Incorrect API key provided.")
+            return
+        await ws.accept()
+        local: dict[str, Stored] = {}
+        try:
+            async for text in ws.iter_text():
+                for frame in await self._socket_turn(ws, text, local):
+                    await ws.send_text(frame)
+        except WebSocketDisconnect:
+            return
+
+    def _socket_key_ok(self, ws: WebSocket) -> bool:
+        scheme, _, value = ws.headers.get("authorization", "").partition(" ")
+        presented = value.strip() if scheme.lower() == "bearer" else ""
+        wanted = self.sim.knobs.api_key
+        return bool(presented) and (wanted is None or presented == wanted)
+
+    async def _socket_turn(self, ws: WebSocket, text: str, local: dict[str, Stored]) -> list[str]:
+        sim = self.sim
+        body = _json(text.encode())
+        sim._seq += 1
+        rec = {
+            "seq": sim._seq,
+            "path": "/v1/responses",
+            "method": "WEBSOCKET",
+            "body": body,
+            "headers": {k.lower(): v for k, v in ws.headers.items()},
+            "status": None,
+            "cancelled": False,
+            "completed": False,
+            "at": time.time(),
+        }
+        if sim.knobs.record:
+            sim.records.append(rec)
+        try:
+            if not isinstance(body, dict) or body.get("type") != "response.create":
+                raise shapes.bad("send 'response.create' events")
+            body = {k: v for k, v in body.items() if k not in ("type", "generate", "stream")}
+            model = sim._model(body)
+            plan, stored = self._plan(body, model, local)
+            limit = body.get("max_output_tokens") or sim.knobs.reply_tokens
+            sim._quota(plan.prompt + limit)
+            sim.quota.spend(plan.prompt + plan.output_tokens)
+        except SimError as err:
+            rec["status"] = err.status
+            sim._count(err.status)
+            error = {"type": err.kind, "code": err.code, "message": err.message}
+            return [orjson.dumps({"type": "error", "status": err.status, "error": error}).decode()]
+        rec["status"], rec["completed"] = 200, True
+        sim._count(200)
+        local[plan.response["id"]] = stored
+        self._keep(body, stored)
+        events = shapes.events(plan.response)
+        return [
+            orjson.dumps({**e, "sequence_number": n}).decode() for n, (e, _) in enumerate(events)
+        ]
 
     # -- stored responses --------------------------------------------------------------------
     def _find(self, request: Request) -> Stored:

@@ -25,7 +25,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
 from app.sim import shapes
@@ -382,7 +382,7 @@ def create_sim_app(knobs: SimKnobs) -> Starlette:
     paths = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     if knobs.anthropic:
         paths.append("/v1/messages")
-    routes = [Route(p, sim.handle, methods=["POST"]) for p in paths]
+    routes: list[BaseRoute] = [Route(p, sim.handle, methods=["POST"]) for p in paths]
     responses = ResponsesSim(
         sim, Renderers(_Stream, _Truncated, lambda err: _error(err, False), _Drop)
     )
@@ -394,6 +394,8 @@ def create_sim_app(knobs: SimKnobs) -> Starlette:
         Route("/v1/responses/{response_id}/cancel", responses.cancel, methods=["POST"]),
         Route("/v1/responses/{response_id}/input_items", responses.input_items, methods=["GET"]),
     ]
+    if knobs.responses_websocket:
+        routes.append(WebSocketRoute("/v1/responses", responses.socket))
     routes += [
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/records", sim.get_records, methods=["GET"]),

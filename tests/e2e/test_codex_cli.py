@@ -109,24 +109,37 @@ def check_turn(done: subprocess.CompletedProcess[str], sim: Sim) -> list[dict[st
     """Codex ran the sim's tool call and printed the sim's answer to its output."""
     assert done.returncode == 0, done.stderr[-2000:]
     first, second = (r["body"] for r in sim.records("/v1/responses"))
-    assert "exec_command" in json.dumps(first["tools"])
-    call = next(i for i in second["input"] if i.get("type") == "function_call")
+    tool = next(t for t in first["tools"] if t.get("name") == "exec_command")
+    # the call the sim made (deterministic: from the prompt and the tool's schema)
+    words = text.reply_words(response_shapes.seed_of(first["input"]), 2)
+    command = json.loads(response_shapes.arguments(tool, words))["cmd"]
     result = next(i for i in second["input"] if i.get("type") == "function_call_output")
-    assert result["call_id"] == call["call_id"]
-    echoed = json.loads(call["arguments"])["cmd"].removeprefix("echo ")
-    assert echoed in result["output"]  # the command really ran
+    assert command.removeprefix("echo ") in result["output"]  # the command really ran
     answer = " ".join(text.reply_words(response_shapes.seed_of(second["input"]), 16))
     assert answer in done.stdout
     return [first, second]
 
 
-@pytest.mark.parametrize("websockets", [False, True], ids=["http-sse", "websocket"])
+@pytest.mark.parametrize(
+    ("websockets", "upstream_socket"),
+    [(False, False), (True, False), (True, True)],
+    ids=["http-sse", "websocket", "websocket-to-upstream-websocket"],
+)
 def test_codex_exec_completes_a_turn_through_the_gateway(
-    codex: Path, make_sim: Callable[..., Sim], make_gateway: Make, tmp_path: Path, websockets: bool
+    codex: Path,
+    make_sim: Callable[..., Sim],
+    make_gateway: Make,
+    tmp_path: Path,
+    websockets: bool,
+    upstream_socket: bool,
 ) -> None:
-    sim = make_sim("--models", MODEL)
+    sim = make_sim("--models", MODEL, *(["--responses-websocket"] if upstream_socket else []))
+    up = {"domain": "up", "api_base": sim.url, "api_key_env": "TAOTOKEN_API_KEY"}
     gw = make_gateway(
-        GatewaySpec(settings={"model_route": {"default": MODEL, "fallback": None}}), sim.url
+        GatewaySpec(
+            toml={"scale_up": [{**up, "responses_websocket": upstream_socket}]},
+            settings={"model_route": {"default": MODEL, "fallback": None}},
+        )
     )
     done = run_codex(codex, gw, tmp_path / "home", websockets)
     sent = check_turn(done, sim)
@@ -139,9 +152,11 @@ def test_codex_exec_completes_a_turn_through_the_gateway(
         assert endpoints == ["responses_ws", "responses_ws"]
         assert counter(metrics, "tokengate_responses_websocket_upgrades_total", status="101") == 1
         assert counter(metrics, "tokengate_responses_websocket_messages_total", kind="warmup") == 1
-        # Codex sent only the new items after its warm-up and the tool call; the upstream
-        # got whole conversations, with no id it could not resolve.
-        assert all("previous_response_id" not in body for body in sent)
+        if upstream_socket:  # the upstream's socket holds the conversation: new items only
+            assert sent[1]["previous_response_id"]
+            assert [i["type"] for i in sent[1]["input"]] == ["function_call_output"]
+        else:  # a stateless upstream gets whole conversations, no id it could not resolve
+            assert all("previous_response_id" not in body for body in sent)
     else:
         assert endpoints == ["responses", "responses"]
         assert counter(metrics, "tokengate_responses_websocket_upgrades_total") == 0

@@ -192,6 +192,32 @@ def test_websocket_mode_bridges_each_request_with_its_conversation(
     assert last.type == "error" and last.status == 429  # type: ignore[attr-defined]
 
 
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager")
+def test_an_upstream_with_its_own_websocket_mode_gets_only_the_new_items(
+    make_sim: Callable[..., Sim], make_gateway: Make
+) -> None:
+    sim = make_sim("--responses-websocket")
+    up = domain("up", sim, responses_websocket=True)
+    gw = make_gateway(GatewaySpec(toml={"scale_up": [up]}))
+    with gw.openai() as client, client.responses.connect() as conn:
+        ask = {"type": "response.create", "model": "gpt-4o", "tools": TOOLS, "store": False}
+        conn.send({**ask, "input": "look it up"})
+        called = _until_done(conn)
+        (call,) = called.response.output
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "42"}
+        conn.send({**ask, "previous_response_id": called.response.id, "input": [output]})
+        answered = _until_done(conn)
+        assert answered.type == "response.completed" and answered.response.output_text
+    first, second = (r for r in sim.records("/v1/responses"))
+    assert first["method"] == second["method"] == "WEBSOCKET"
+    assert "previous_response_id" not in first["body"]
+    # the upstream's socket holds the conversation: only the tool's output goes again
+    assert second["body"]["previous_response_id"] == called.response.id
+    assert second["body"]["input"] == [output]
+    (row,) = [r for r in gw.access() if r["status"] == 200][-1:]
+    assert row["endpoint"] == "responses_ws" and row["prompt_tokens"] > 0
+
+
 def _until_done(conn: Any) -> Any:
     for event in conn:
         if event.type in ("response.completed", "response.incomplete", "response.failed", "error"):

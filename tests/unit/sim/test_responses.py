@@ -164,3 +164,28 @@ async def test_input_items_delete_and_input_tokens(make: Any) -> None:
     gone = (await sim.delete(f"/v1/responses/{made['id']}")).json()
     assert gone == {"id": made["id"], "object": "response", "deleted": True}
     assert (await sim.get(f"/v1/responses/{made['id']}")).status_code == 404
+
+
+def test_the_websocket_mode_keeps_unstored_responses_per_connection() -> None:
+    from starlette.testclient import TestClient
+
+    app = create_sim_app(SimKnobs(responses_websocket=True))
+    create = {"type": "response.create", "model": "gpt-4o", "store": False}
+
+    def turn(ws: Any, **fields: Any) -> list[dict[str, Any]]:
+        ws.send_text(json.dumps({**create, **fields}))
+        frames = [ws.receive_json()]
+        while frames[-1]["type"] not in ("response.completed", "error"):
+            frames.append(ws.receive_json())
+        return frames
+
+    with TestClient(app) as client:
+        with client.websocket_connect("/v1/responses", headers=KEY) as ws:
+            first = turn(ws, input="hello")[-1]["response"]
+            follow = turn(ws, input="more", previous_response_id=first["id"])
+            assert follow[-1]["type"] == "response.completed"
+            assert [f["sequence_number"] for f in follow] == list(range(len(follow)))
+        with client.websocket_connect("/v1/responses", headers=KEY) as other:
+            (error,) = turn(other, input="x", previous_response_id=first["id"])
+            assert error["status"] == 400
+            assert error["error"]["code"] == "previous_response_not_found"
