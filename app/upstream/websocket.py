@@ -45,6 +45,16 @@ log = logging.getLogger("tokengate.upstream")
 BETA = "responses_websockets=2026-02-06"  # what Codex CLI 0.171 sends on its upgrade
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _STALE = frozenset({"previous_response_not_found", "websocket_connection_limit_reached"})
+_DONE_ITEM = b'"response.output_item.done"'
+_ENDS = tuple(f'"{t}"'.encode() for t in TERMINAL)
+
+
+def _event(raw: bytes) -> dict[str, Any] | None:
+    try:
+        event = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 @dataclass
@@ -200,56 +210,60 @@ class SocketAnswer:
         self._owner, self._domain, self._link = owner, domain, link
         self._items = items if isinstance(items, list) else []
         self._timeout = timeout
-        self._first: dict[str, Any] = {}
+        self._raw = b""
+        self._error: dict[str, Any] = {}
         self._output: list[Any] = []
 
     async def start(self) -> None:
         """Read the first frame: an error makes this answer a failing status."""
-        self._first = await self._frame()
-        if self._first.get("type") != "error":
+        self._raw = await self._frame()
+        first = _event(self._raw)
+        if first is None or first.get("type") != "error":
             return
         self.complete = True
-        status = self._first.get("status") or self._first.get("status_code")
+        status = first.get("status") or first.get("status_code")
         self.status = status if isinstance(status, int) and status >= 400 else 500
-        error = self._first.get("error")
+        error = first.get("error")
         self.stale = isinstance(error, dict) and error.get("code") in _STALE
-        headers = self._first.get("headers")
+        self._error = error if isinstance(error, dict) else {"message": "upstream error"}
+        headers = first.get("headers")
         if isinstance(headers, dict):
             self.headers = {str(k).lower(): str(v) for k, v in headers.items()}
         self.headers["content-type"] = "application/json"
 
-    async def _frame(self) -> dict[str, Any]:
+    async def _frame(self) -> bytes:
         try:
             msg = await self._link.ws.receive(timeout=self._timeout)
         except TimeoutError:
             await self._owner._drop(self._domain)
             raise AttemptFailed(Reason.TIMEOUT, retryable=True, detail="websocket") from None
-        if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
-            try:
-                event = orjson.loads(msg.data)
-            except orjson.JSONDecodeError:
-                event = None
-            if isinstance(event, dict):
-                return event
+        if msg.type is aiohttp.WSMsgType.TEXT:
+            return str(msg.data).encode()
+        if msg.type is aiohttp.WSMsgType.BINARY:
+            return bytes(msg.data)
         await self._owner._drop(self._domain)
         raise AttemptFailed(Reason.RESET, retryable=True, detail=f"websocket {msg.type.name}")
 
     async def read(self) -> bytes:
-        return orjson.dumps({"error": self._first.get("error") or {"message": "upstream error"}})
+        return orjson.dumps({"error": self._error})
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        event = self._first
+        """Each frame as an SSE event (its data only: the answer goes back out over the
+        client's socket, where no `event:` line is sent); parsed only if it is an output
+        item or the end (the marks are type names: a quote in a JSON string is escaped)."""
+        raw = self._raw
         while True:
-            kind = event.get("type")
-            if kind == "response.output_item.done":
-                self._output.append(event.get("item"))
-            elif kind in TERMINAL:
-                self.complete = True
-                self._finished(event)
-            yield b"event: %s\ndata: %s\n\n" % (str(kind).encode(), orjson.dumps(event))
+            if _DONE_ITEM in raw or any(mark in raw for mark in _ENDS):
+                event = _event(raw) or {}
+                if event.get("type") == "response.output_item.done":
+                    self._output.append(event.get("item"))
+                elif event.get("type") in TERMINAL:
+                    self.complete = True
+                    self._finished(event)
+            yield b"data: " + raw + b"\n\n"
             if self.complete:
                 return
-            event = await self._frame()
+            raw = await self._frame()
 
     def _finished(self, event: dict[str, Any]) -> None:
         response = event.get("response")

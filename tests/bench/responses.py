@@ -5,8 +5,9 @@ requests (c = 1) with a Codex-sized body (a ~17 KB developer prompt, four functi
 a user message: ~27 KB of JSON, like Codex CLI's first turn), each streamed to its end:
 
 - chat completions through the gateway (the baseline the gateway was tuned on),
-- the Responses API straight to the sim, through the gateway over HTTP + SSE, and through
-  the gateway's WebSocket mode (one connection, one `response.create` per turn).
+- the Responses API straight to the sim, through the gateway over HTTP + SSE, through the
+  gateway's WebSocket mode (one connection, one `response.create` per turn) bridged over
+  HTTP + SSE, and the same bridged to the sim's own WebSocket mode.
 
 Reported per path: p50 / p99 wall time of a whole streamed answer, and the gateway's CPU
 time per request (from /proc: utime + stime of its process). Figures are ratios against
@@ -126,17 +127,20 @@ def socket_turn(conn: Any) -> Callable[[], None]:
     return one
 
 
-def main() -> int:
-    sim = start_sim("--reply-tokens", "32")
-    work = Path(tempfile.mkdtemp(prefix="bench-responses-"))
-    gw = start_gateway(
-        work,
-        GatewaySpec(
-            keys={"bench": {"tokens_per_minute": 10**9, "requests_per_minute": 10**6}},
-            settings={"logging": {"level": "warning"}},
-        ),
-        sim.url,
+def spec(**toml: Any) -> GatewaySpec:
+    return GatewaySpec(
+        toml=toml,
+        keys={"bench": {"tokens_per_minute": 10**9, "requests_per_minute": 10**6}},
+        settings={"logging": {"level": "warning"}},
     )
+
+
+def main() -> int:
+    sim = start_sim("--reply-tokens", "32", "--responses-websocket")
+    work = Path(tempfile.mkdtemp(prefix="bench-responses-"))
+    gw = start_gateway(work / "http", spec(), sim.url)
+    up = {"domain": "up", "api_base": sim.url, "api_key_env": "TAOTOKEN_API_KEY"}
+    bridged = start_gateway(work / "ws", spec(scale_up=[{**up, "responses_websocket": True}]))
     sim_headers = {"authorization": f"Bearer {sim.api_key}", "content-type": "application/json"}
     gw_headers = {**gw.headers(), "content-type": "application/json"}
     results: dict[str, dict[str, float]] = {}
@@ -153,11 +157,15 @@ def main() -> int:
                 http_stream(client, f"{gw.url}/v1/responses", responses_body(), gw_headers),
                 gw.proc.pid,
             )
-        url = gw.url.replace("http", "ws") + "/v1/responses"
-        with ws_client.connect(url, additional_headers=gw.headers(), max_size=None) as conn:
-            results["responses via gateway (WebSocket)"] = measure(socket_turn(conn), gw.proc.pid)
+        for name, g in (("", gw), (" -> upstream WebSocket", bridged)):
+            url = g.url.replace("http", "ws") + "/v1/responses"
+            with ws_client.connect(url, additional_headers=g.headers(), max_size=None) as conn:
+                results[f"responses via gateway (WebSocket{name})"] = measure(
+                    socket_turn(conn), g.proc.pid
+                )
     finally:
         gw.stop()
+        bridged.stop()
         sim.stop()
     base = results["chat via gateway"]
     print(f"N={N} sequential streamed requests, body {len(json.dumps(responses_body()))} bytes")
@@ -168,7 +176,7 @@ def main() -> int:
             else float("nan")
         )
         print(
-            f"{name:36s} p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms  "
+            f"{name:58s} p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms  "
             f"gateway CPU {r['cpu_us_per_req']:>6} us/req  (x{ratio:.2f} of chat)"
         )
     return 0
