@@ -256,7 +256,8 @@ class ResponsesSim:
             rec["status"] = err.status
             sim._count(err.status)
             error = {"type": err.kind, "code": err.code, "message": err.message}
-            return [orjson.dumps({"type": "error", "status": err.status, "error": error}).decode()]
+            frame = {"type": "error", "status": err.status, "error": error, "headers": err.headers}
+            return [orjson.dumps(frame).decode()]
         rec["status"], rec["completed"] = 200, True
         sim._count(200)
         local[plan.response["id"]] = stored
