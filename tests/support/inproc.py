@@ -17,7 +17,8 @@ from starlette.types import ASGIApp, Message
 
 from app.config.schema import Settings
 from app.gateway import Gateway, TransportFactory
-from app.upstream.client import HttpxTransport, Timeouts
+from app.upstream.client import HttpxTransport
+from app.upstream.transport import Timeouts
 
 Handler = Callable[[httpx.Request], httpx.Response]
 MakeGateway = Callable[..., Gateway]  # the `make_local_gateway` fixture (tests/unit/conftest.py)
