@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
 from urllib.parse import urlsplit
 
@@ -214,12 +215,17 @@ def make_transport(
     """The client for one upstream (`base`), proxied as the environment says (`env`,
     default the process's), and one log line saying how it is reached."""
     proxies = Proxies(dict(os.environ if env is None else env))
+    context = None
     if base is not None:
         parts = urlsplit(base)
         scheme, host = parts.scheme, parts.hostname or ""
         port = parts.port or (443 if scheme == "https" else 80)
         _log_route(base, proxies.route(scheme, host, port), proxies)
-    return AiohttpTransport(timeouts, total, pool_size, proxies=proxies)
+        if scheme == "https":
+            # The system trust store as it is at start (SSL_CERT_FILE / SSL_CERT_DIR
+            # included), loaded now rather than on the event loop at the first request.
+            context = ssl.create_default_context()
+    return AiohttpTransport(timeouts, total, pool_size, ssl_context=context, proxies=proxies)
 
 
 def _log_route(base: str, route: ProxyRoute | None, proxies: Proxies) -> None:

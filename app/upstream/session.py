@@ -84,7 +84,8 @@ class AiohttpTransport:
         resolver: AbstractResolver | None = None,
     ) -> None:
         self._pool_size = pool_size
-        self._ssl = ssl_context
+        # None: aiohttp's default context (the system store as it was at import)
+        self._ssl: ssl.SSLContext | bool = ssl_context or True
         self._proxies = proxies or Proxies()
         self._resolver = resolver
         self._routes: dict[str, _Route] = {}
@@ -128,9 +129,6 @@ class AiohttpTransport:
     def _get(self) -> aiohttp.ClientSession:
         # Created lazily so it binds to the running loop (each worker has its own).
         if self._session is None:
-            # The system trust store as it is now (SSL_CERT_FILE / SSL_CERT_DIR included),
-            # not as it was when aiohttp was imported.
-            context = self._ssl or ssl.create_default_context()
             connector = aiohttp.TCPConnector(
                 limit=self._pool_size,
                 limit_per_host=0,
@@ -140,7 +138,7 @@ class AiohttpTransport:
                 interleave=1,
                 enable_cleanup_closed=_CLEANUP_CLOSED,
                 resolver=self._resolver,
-                ssl=context,
+                ssl=self._ssl,
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
