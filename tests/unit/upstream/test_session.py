@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 import pytest
+import uvloop
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from app.upstream.proxyenv import Proxies
@@ -317,3 +318,9 @@ async def test_a_black_holed_first_address_does_not_cost_the_connect_timeout() -
 async def test_ipv6_loopback_upstream() -> None:
     async with Upstream(serve(ok(b"six")), host="::1") as up, transport() as t:
         assert await within((await post(t, up.url())).read()) == b"six"
+
+
+def test_happy_eyeballs_works_on_uvloop_too() -> None:
+    # uvloop has no happy_eyeballs_delay of its own; aiohttp dials with its own sockets
+    # (aiohappyeyeballs) and hands the winner to the loop, so production gets it too.
+    uvloop.run(test_a_black_holed_first_address_does_not_cost_the_connect_timeout())
