@@ -128,14 +128,9 @@ class Gateway:
 
     def _build_store(self) -> LimitStore:
         s = self.runtime.settings
-        if s.redis.url is not None:
-            return RedisStore(
-                s.redis.url.get_secret_value(),
-                fail_mode=s.redis.fail_mode,
-                prefix=s.redis.key_prefix,
-                timeout_ms=s.redis.timeout_ms,
-                max_connections=s.redis.max_connections,
-                on_state=self.metrics.set_redis_up,
+        if s.redis.enabled:
+            return RedisStore.from_config(
+                s.redis, spawn=self.spawn, on_state=self.metrics.record_redis_state
             )
         return MemoryStore()
 
@@ -170,7 +165,7 @@ class Gateway:
 
     def _describe_limits(self) -> None:
         if self.store.shared:
-            mode = "shared through Redis by every replica and worker"
+            mode = "shared through Redis by every replica and worker"  # where: logged by it
         elif self.divisor > 1:
             mode = (
                 f"split per worker: each of {self.divisor} workers enforces 1/{self.divisor} "
@@ -346,10 +341,12 @@ class Gateway:
     async def _housekeeping(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            for domain in self.domains:
-                await domain.dispatcher.pacer.sync()  # what other replicas learned
+            # At once, so a shared store sends them all in one round trip: what other
+            # replicas learned of each domain's pace, the heartbeat, the live limits.
+            syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
+            _, overrides = await asyncio.gather(syncs, self.store.housekeeping())
             self._sync_gauges()
-            self.admission.overrides.update(await self.store.housekeeping())
+            self.admission.overrides.update(overrides)
 
     async def _flush_ledger(self) -> None:
         """Settled requests reach the ledger's file every `ledger.flush_interval_sec`: a

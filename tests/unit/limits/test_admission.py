@@ -65,7 +65,6 @@ async def test_settle_moves_the_reservation_to_real_usage() -> None:
     adm.settle(
         ticket,
         UsageEntry("k", "m", prompt_tokens=40, completion_tokens=10),
-        _no_spawn,
         dispatched=True,
     )
     await adm.admit(KEY, 900)  # 50 used: room again
@@ -74,7 +73,7 @@ async def test_settle_moves_the_reservation_to_real_usage() -> None:
 async def test_undispatched_request_is_refunded_entirely() -> None:
     adm, _ = admission()
     tickets = [await adm.admit(KEY, 1) for _ in range(5)]
-    adm.settle(tickets[0], UsageEntry("k", "m", error=True), _no_spawn, dispatched=False)
+    adm.settle(tickets[0], UsageEntry("k", "m", error=True), dispatched=False)
     await adm.admit(KEY, 1)  # the refunded request slot is usable again
 
 
@@ -82,7 +81,3 @@ async def test_workers_without_shared_store_split_each_limit() -> None:
     adm, _ = admission(divisor=2)
     assert adm.limits_for(KEY).requests_per_minute == 2
     assert adm.limits_for(KEY).tokens_per_minute == 500
-
-
-def _no_spawn(coro: object) -> None:
-    raise AssertionError("a memory store settles inline")
