@@ -50,7 +50,11 @@ class Failure(Enum):
     BUG = "unexpected"  # counted like a timeout, logged with its traceback once per kind
 
 
-_CONFIG = (rx.AskError, rx.ClusterCrossSlotError)  # MovedError is an AskError
+class ClusterAsServerError(Exception):
+    """A Cluster node reached as a single server (found at start, before any MOVED)."""
+
+
+_CONFIG = (rx.AskError, rx.ClusterCrossSlotError, ClusterAsServerError)  # MOVED is an ASK
 _DOWN = (
     rx.ConnectionError,  # refused, reset, LOADING, auth, max clients
     rx.ClusterDownError,
@@ -99,9 +103,10 @@ class Call:
 class RedisLink:
     """A connected client and the scripts; `run` is the only way calls reach Redis."""
 
-    def __init__(self, client: Any, target: RedisTarget) -> None:
+    def __init__(self, client: Any, target: RedisTarget, *others: Any) -> None:
         self.client = client
         self.target = target
+        self._others = others  # clients to close with it (the Sentinels)
         self.cluster = isinstance(client, RedisCluster)
         self._sources = {name: lua.script(name) for name in SCRIPTS}
         self.shas = {
@@ -119,10 +124,7 @@ class RedisLink:
             await asyncio.gather(*(self.client.ping() for _ in range(max(1, warm))))
             info = await self.client.info("cluster")
             if int(info.get("cluster_enabled", 0)):
-                raise rx.AskError(
-                    "this Redis is a Cluster node: set redis.cluster = true, or use a "
-                    "redis+cluster:// URL"
-                )
+                raise ClusterAsServerError("this Redis is a Cluster node, configured as one server")
         await self.load_scripts()
 
     async def load_scripts(self) -> None:
@@ -158,7 +160,8 @@ class RedisLink:
         await self.client.hset(key, field, value)
 
     async def close(self) -> None:
-        await self.client.aclose()
+        for client in (self.client, *self._others):
+            await client.aclose()
 
 
 def connect(cfg: RedisConfig) -> RedisLink:
@@ -173,23 +176,21 @@ def connect(cfg: RedisConfig) -> RedisLink:
         "username": target.username,
         "password": target.password,
     }
+    # One immediate retry on a broken connection (a pooled socket that a Redis restart
+    # closed; with Cluster, after re-reading the topology); none on a timeout, which the
+    # store counts instead.
+    common["retry"] = Retry(NoBackoff(), 1, supported_errors=(rx.ConnectionError,))
     tls = _tls(cfg) if target.tls else {}
     flagged = {"ssl": True, **tls} if target.tls else {}  # clients that pick SSL by a flag
     if target.shape == "cluster":
         nodes = [ClusterNode(host, port) for host, port in target.hosts]
         client: Any = RedisCluster(
             startup_nodes=nodes,
-            max_connections=cfg.max_connections,
-            # a redirect (MOVED after a failover) is followed by the client; an outage is
-            # ours to handle, not retried inside one call
-            cluster_error_retry_attempts=1,
+            max_connections=cfg.max_connections,  # a redirect (MOVED) is followed inside
             **common,
             **flagged,
         )
         return RedisLink(client, target)
-    # One immediate retry on a broken connection (a pooled socket that a Redis restart
-    # closed); none on a timeout, which the store counts instead.
-    common["retry"] = Retry(NoBackoff(), 1, supported_errors=(rx.ConnectionError,))
     if target.shape == "sentinel":
         sentinel_auth = cfg.sentinel_password
         sentinel = Sentinel(
@@ -206,7 +207,7 @@ def connect(cfg: RedisConfig) -> RedisLink:
         )
         assert target.service is not None
         client = sentinel.master_for(target.service, max_connections=cfg.max_connections)
-        return RedisLink(client, target)
+        return RedisLink(client, target, *sentinel.sentinels)
     pool_kwargs: dict[str, Any] = {"db": target.db, "max_connections": cfg.max_connections}
     if target.unix_path is not None:
         pool = aioredis.ConnectionPool(
@@ -221,7 +222,7 @@ def connect(cfg: RedisConfig) -> RedisLink:
         pool = aioredis.ConnectionPool(
             connection_class=connection, host=host, port=port, **pool_kwargs, **common, **tls
         )
-    return RedisLink(aioredis.Redis(connection_pool=pool), target)
+    return RedisLink(aioredis.Redis.from_pool(pool), target)
 
 
 def _tls(cfg: RedisConfig) -> dict[str, Any]:

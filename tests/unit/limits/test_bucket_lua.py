@@ -228,5 +228,7 @@ def test_one_call_decides_its_reservations_in_order_after_its_settle(client: red
     raw = batched.script(keys=batched.keys, args=[*limits, -150, 0, *costs])
     got = [_decision(raw[7 * i : 7 * i + 7], limits) for i in range(len(costs))]
     summary = [(d.allowed, d.limit, d.requests_remaining, d.tokens_remaining) for d in got]
-    assert summary == [(d.allowed, d.limit, d.requests_remaining, d.tokens_remaining) for d in expected]
+    assert summary == [
+        (d.allowed, d.limit, d.requests_remaining, d.tokens_remaining) for d in expected
+    ]
     assert [d.allowed for d in got] == [True, True, False, True, True, False]
