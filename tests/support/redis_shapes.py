@@ -242,21 +242,14 @@ def cluster(workdir: Path, masters: int = 3) -> Iterator[Cluster]:
     nodes = [
         server(
             workdir / f"node{i}",
-            extra=(
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-            ),
-        )  # fmt: skip
+            extra=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+        )
         for i in range(masters)
     ]
     try:
         addresses = [f"127.0.0.1:{n.port}" for n in nodes]
-        cli(nodes[0].port, "--cluster", "create", *addresses, "--cluster-replicas", "0",
-            "--cluster-yes")  # fmt: skip
+        create = ("--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes")
+        cli(nodes[0].port, *create)
         for n in nodes:
             wait_for(lambda n=n: "cluster_state:ok" in n.cli("CLUSTER", "INFO"), "cluster ok")
         yield Cluster(nodes)

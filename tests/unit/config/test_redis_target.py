@@ -21,7 +21,8 @@ def target(**fields: object) -> RedisTarget | None:
 @pytest.mark.parametrize(
     ("url", "shape", "tls", "hosts", "db", "where"),
     [
-        ("redis://10.0.0.5/3", "standalone", False, [("10.0.0.5", 6379)], 3, "10.0.0.5:6379 (db 3)"),
+        ("redis://10.0.0.5/3", "standalone", False, [("10.0.0.5", 6379)], 3,
+         "10.0.0.5:6379 (db 3)"),
         ("rediss://cache.internal:6380", "standalone", True, [("cache.internal", 6380)], 0,
          "cache.internal:6380 over TLS (db 0)"),
         ("redis://[::1]:7000/0", "standalone", False, [("::1", 7000)], 0, "::1:7000 (db 0)"),
