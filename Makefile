@@ -35,8 +35,8 @@ define apt
 	done
 endef
 
-system-deps: ## install redis-server and promtool (Debian packages) when missing
-	$(call apt,redis-server:redis-server promtool:prometheus)
+system-deps: ## install redis-server, redis-sentinel and promtool (Debian packages) when missing
+	$(call apt,redis-server:redis-server redis-sentinel:redis-sentinel promtool:prometheus)
 
 bench-deps: system-deps ## also install nginx and wrk (Debian packages) when missing
 	$(call apt,nginx:nginx wrk:wrk)
