@@ -83,11 +83,12 @@ def tokengate(
     cpus: str | None = None,
     redis_url: str | None = None,
     upstream_client: str = "native",
+    domain: dict[str, object] | None = None,
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
 
-    `redis_url` shares limits and ledger through Redis (`TOKENGATE_REDIS_URL`) instead
-    of in-process state.
+    `redis_url` shares limits through Redis (`TOKENGATE_REDIS_URL`) instead of
+    in-process state; `domain` adds fields to the config's one Scale-up domain (a quota).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     key: dict[str, object] = {"alias": "bench", "key_sha256": sha256(GATEWAY_KEY)}
@@ -105,6 +106,8 @@ def tokengate(
     )
     if redis_url:
         env["TOKENGATE_REDIS_URL"] = redis_url
+    if domain:
+        env["TOKENGATE_SCALE_UP"] = json.dumps(domain)
     if workers > 1:
         # What the CLI would create in /tmp, but inside the run's dir so it never leaks;
         # one worker keeps in-memory metrics, as `serve` does by default.
@@ -119,7 +122,9 @@ def tokengate(
     wait_http(f"{url}/health/ready", proc, timeout=60, ok=lambda r: r.status_code == 200)
     notes = [f"{workers} worker(s), log level {log_level}, auth + limits + queue + metrics on"]
     if redis_url:
-        notes.append("limits and ledger in Redis")
+        notes.append("limits in Redis")
+    if domain:
+        notes.append(f"domain: {json.dumps(domain)}")
     if upstream_client != "native":
         notes.append(f"upstream client: {upstream_client}")
     return Subject(name, url, bearer(GATEWAY_KEY), proc, notes, workdir / "gateway.log")
@@ -135,14 +140,14 @@ def nginx_proxy(group: Group, name: str, prefix: Path, upstream: str, cpus: str 
     return Subject("nginx-proxy", url, bearer(UPSTREAM_KEY), server.proc, notes)
 
 
-def redis_server(group: Group) -> str | None:
+def redis_server(group: Group, cpus: str | None = None) -> str | None:
     """A throwaway `redis-server` on a free loopback port (no persistence); its URL."""
     exe = shutil.which("redis-server")
     if exe is None:
         return None
     port = free_port()
     cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    wait_port(port, group.start(f"redis-{port}", cmd))
+    wait_port(port, group.start(f"redis-{port}", pinned(cmd, cpus)))
     return f"redis://127.0.0.1:{port}/0"
 
 
