@@ -78,7 +78,11 @@ async def test_tls_with_a_ca_and_a_client_certificate(make: Make, tmp_path: Path
     try:
         tls = {"tls_ca_file": str(cert.cert)}
         mine = {"tls_cert_file": str(cert.cert), "tls_key_file": str(cert.key)}
-        await exercise(await make(url=s.url, **tls, **mine))
+        fresh = await make(url=s.url, **tls, **mine)
+        # A burst right after start, on fresh TLS connections: it used to trip fail open.
+        burst = await asyncio.gather(*(fresh.reserve("b", LIMITS, 1) for _ in range(500)))
+        assert sum(d.allowed for d in burst) == 20 and fresh.state() == "shared"
+        await exercise(fresh)
         no_client_cert = await make(url=s.url, **tls)
         assert no_client_cert.state() == "degraded"  # the server demands one
         untrusted = await make(url=s.url, **mine)  # the system CAs do not know this server
