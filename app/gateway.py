@@ -341,12 +341,15 @@ class Gateway:
     async def _housekeeping(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            # At once, so a shared store sends them all in one round trip: what other
-            # replicas learned of each domain's pace, the heartbeat, the live limits.
-            syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
-            _, overrides = await asyncio.gather(syncs, self.store.housekeeping())
+            try:
+                # At once, so a shared store sends them all in one round trip: what other
+                # replicas learned of each domain's pace, the heartbeat, the live limits.
+                syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
+                _, overrides = await asyncio.gather(syncs, self.store.housekeeping())
+                self.admission.overrides.update(overrides)
+            except Exception as exc:  # one bad second must not end the upkeep for good
+                log.error("housekeeping failed (tried again in a second): %r", exc)
             self._sync_gauges()
-            self.admission.overrides.update(overrides)
 
     async def _flush_ledger(self) -> None:
         """Settled requests reach the ledger's file every `ledger.flush_interval_sec`: a

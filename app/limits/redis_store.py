@@ -180,7 +180,16 @@ class RedisStore:
                 retry_after=1.0,
                 should_retry=True,
             )
-        return self.fallback.reserve(key, limits, cost)
+        decision = self.fallback.reserve(key, limits, cost)
+        if self.up:
+            # One call failed, but Redis is not (yet) taken for down (a timeout, counted):
+            # decided at this replica's share, charged to Redis at once, nothing kept local.
+            self._charge(self.fallback.recover(lost=False))
+        return decision
+
+    def _charge(self, charges: dict[str, tuple[Limits, int, int]]) -> None:
+        for key, (limits, tokens, requests) in charges.items():
+            self._add_settle(key, limits, tokens, requests)
 
     def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         """Record it; Redis gets it with the key's next reservation or within SETTLE_LAG."""
@@ -296,12 +305,14 @@ class RedisStore:
             return
         failed = False
         for item, result in zip(batch, results, strict=True):
-            if isinstance(result, Exception):
+            try:
+                if isinstance(result, Exception):
+                    raise result
+                self._deliver(item, result)
+            except Exception as exc:  # its own error, or an answer that makes no sense
                 failed = True
                 self._fail([item])
-                self._failed(result)
-            else:
-                self._deliver(item, result)
+                self._failed(exc)
         if not failed:
             self._slow = 0
 
@@ -319,11 +330,14 @@ class RedisStore:
 
     def _deliver(self, item: _Bucket | _Pace | _Op, result: Any) -> None:
         if isinstance(item, _Bucket):
+            decided = [int(v) for v in result]  # checked whole before anyone is answered
+            if len(decided) != 7 * len(item.waiters):
+                raise ValueError(f"token_bucket.lua answered {len(decided)} fields")
             for i, waiter in enumerate(item.waiters):
-                raw = result[7 * i : 7 * i + 7]
+                raw = decided[7 * i : 7 * i + 7]
                 if not waiter.cancelled():
                     waiter.set_result(raw)
-                elif int(raw[0]):  # admitted for a request that left meanwhile: refund it
+                elif raw[0]:  # admitted for a request that left meanwhile: refund it
                     self.settle(item.key, item.limits, -item.costs[i], -1)
         elif isinstance(item, _Pace):
             first, *rest = result
@@ -403,10 +417,10 @@ class RedisStore:
             (result,) = await self.link.run([self._heartbeat_call("beat")])
             if isinstance(result, Exception):
                 raise result
+            self._beat(result)
         except Exception as exc:
             self._failed(exc, outage=True)
             return False
-        self._beat(result)
         return True
 
     def _heartbeat_call(self, op: str) -> Call:
@@ -420,8 +434,7 @@ class RedisStore:
         self.fallback.replicas = count
         if not self.up:
             charges = self.fallback.recover(lost)
-            for key, (limits, tokens, requests) in charges.items():
-                self._add_settle(key, limits, tokens, requests)
+            self._charge(charges)
             log.warning(
                 "redis reachable again; shared limits restored (%d keys charged what this "
                 "replica admitted meanwhile%s)",
@@ -450,6 +463,9 @@ class RedisStore:
             self._beat(await beat)
             return _overrides(await limits)
         except _Unavailable:
+            return {}
+        except Exception as exc:  # an answer that makes no sense: a failure like any
+            self._failed(exc)
             return {}
 
     async def save_override(self, key: str, limits: Limits) -> None:
@@ -521,8 +537,8 @@ def _overrides(raw: Any) -> dict[str, Limits]:
     return out
 
 
-def _decision(raw: list[Any], limits: Limits) -> Decision:
-    allowed, limit, retry_ms, r_left, r_reset, t_left, t_reset = (int(v) for v in raw)
+def _decision(raw: list[int], limits: Limits) -> Decision:
+    allowed, limit, retry_ms, r_left, r_reset, t_left, t_reset = raw
     return Decision(
         allowed=bool(allowed),
         limit=_LIMIT_NAMES[limit],

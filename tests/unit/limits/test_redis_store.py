@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis import exceptions as rx
 
 from app.config.schema import RedisConfig
 from app.errors import ServiceUnavailable
@@ -216,3 +217,43 @@ async def test_a_restart_that_lost_the_scripts_is_answered_after_reloading_them(
     assert decision.allowed and store.state() == "shared"
     (raw,) = await store.link.run([Call(None, (), ("PING",))])
     assert raw is True
+
+
+class Flaky(RedisLink):
+    """The real link, but the next `fail` calls time out (or answer nonsense)."""
+
+    fail = 0
+    nonsense = False
+
+    async def run(self, calls: Any) -> list[Any]:
+        if self.fail:
+            self.fail -= 1
+            if self.nonsense:
+                return [["not", "a", "decision"] for _ in calls]
+            raise rx.TimeoutError("Timeout reading from socket")
+        return await super().run(calls)
+
+
+@pytest.mark.parametrize("nonsense", [False, True], ids=["timeout", "nonsense"])
+async def test_one_failed_call_is_decided_at_the_share_and_charged_to_redis_at_once(
+    redis_aof: Server, nonsense: bool
+) -> None:
+    redis_aof.cli("FLUSHALL")
+    tasks = Tasks()
+    real = connect(RedisConfig(url=redis_aof.url))
+    link = Flaky(real.client, real.target)
+    store = RedisStore(link, spawn=tasks.spawn)
+    await store.start()
+    try:
+        await store.reserve("k", LIMITS, 10)
+        link.fail, link.nonsense = 1, nonsense
+        served = await store.reserve("k", LIMITS, 10)  # no hang, no exception
+        assert served.allowed and store.state() == "shared"  # one failure is no outage
+        assert not store.fallback.active  # nothing stays local
+        await asyncio.sleep(SETTLE_LAG * 4)
+        await tasks.idle()
+        after = await store.reserve("k", LIMITS, 10)
+        assert after.requests_remaining == 50 - 3  # the one served alone is on the books
+    finally:
+        await tasks.idle()
+        await store.close()
