@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.limits.bucket import Bucket, Decision, Limits, decide
+from app.limits.bucket import Bucket, Decision, Limits, correct, decide
 from app.limits.constants import WINDOW_SEC
 
 Clock = Callable[[], float]
@@ -83,11 +83,7 @@ class Fallback:
 
     def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         local = self._get(key, limits)
-        now = self.clock()
-        local.requests.refill(now)
-        local.tokens.refill(now)
-        local.requests.debit(request_delta)
-        local.tokens.debit(token_delta)
+        correct(local.requests, local.tokens, token_delta, request_delta, self.clock())
         local.admitted_requests += request_delta
         local.admitted_tokens += token_delta
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.limits.bucket import Bucket, Decision, Limits, decide
+from app.limits.bucket import Bucket, Decision, Limits, correct, decide
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
@@ -103,11 +103,7 @@ class MemoryBuckets:
 
     def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         b = self._get(key, limits)
-        now = self.clock()
-        b.requests.refill(now)
-        b.tokens.refill(now)
-        b.tokens.debit(token_delta)
-        b.requests.debit(request_delta)
+        correct(b.requests, b.tokens, token_delta, request_delta, self.clock())
 
 
 class MemoryStore:
