@@ -48,6 +48,10 @@ def secrets_of(runtime: Runtime) -> list[str]:
     for secret in (s.redis.password, s.redis.sentinel_password):
         if secret is not None:
             found.append(secret.get_secret_value())
+    if s.database.url is not None:
+        from app.db.url import url_secrets
+
+        found.extend(url_secrets(s.database.url.get_secret_value()))
     return found
 
 

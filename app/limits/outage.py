@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.limits.bucket import Bucket, Decision, Limits, correct, decide
+from app.limits.bucket import Bucket, Decision, Limits, Remaining, correct, decide
 from app.limits.constants import WINDOW_SEC
 
 Clock = Callable[[], float]
@@ -131,6 +131,15 @@ class Fallback:
     @property
     def active(self) -> bool:
         return bool(self._local)
+
+    def peek(self, key: str) -> Remaining | None:
+        """What this replica's share of a key has left now (None: not used yet)."""
+        local = self._local.get(key)
+        if local is None:
+            return None
+        now = self.clock()
+        left = (local.requests.peek(now), local.tokens.peek(now))
+        return Remaining(*(max(0, math.floor(v)) for v in left))
 
 
 def _share(limit: int, n: int) -> Bucket:

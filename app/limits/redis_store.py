@@ -36,7 +36,8 @@ from typing import Any, NamedTuple
 
 from app.config.schema import RedisConfig
 from app.errors import ServiceUnavailable
-from app.limits.bucket import Decision, Limits
+from app.limits.bucket import Decision, Limits, Remaining
+from app.limits.constants import REPLICA_WINDOW_MS
 from app.limits.outage import Clock, Fallback
 from app.limits.pacing import Pacer, PaceState
 from app.limits.redis_conn import Call, Failure, RedisLink, classify, connect, describe
@@ -101,6 +102,7 @@ class RedisStore:
         assumed_replicas: int = 1,
         on_state: Callable[[RedisState], None] | None = None,
         clock: Clock = time.monotonic,
+        replica: str | None = None,
     ) -> None:
         self.link = link
         self.fail_mode = fail_mode
@@ -108,7 +110,8 @@ class RedisStore:
         self.up = True
         self.misconfigured: str | None = None
         self.fallback = Fallback(clock, assumed_replicas)
-        self.replica_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        # This process in the replica set (the status page names replicas by it).
+        self.replica_id = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._spawn = spawn
         self._on_state = on_state
         self._slow = 0  # consecutive timeouts / unexpected errors
@@ -123,7 +126,12 @@ class RedisStore:
 
     @classmethod
     def from_config(
-        cls, cfg: RedisConfig, *, spawn: Spawn, on_state: Callable[[RedisState], None] | None
+        cls,
+        cfg: RedisConfig,
+        *,
+        spawn: Spawn,
+        on_state: Callable[[RedisState], None] | None,
+        replica: str | None = None,
     ) -> RedisStore:
         return cls(
             connect(cfg),
@@ -132,6 +140,7 @@ class RedisStore:
             prefix=cfg.key_prefix,
             assumed_replicas=cfg.assumed_replicas,
             on_state=on_state,
+            replica=replica,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -424,8 +433,37 @@ class RedisStore:
         return True
 
     def _heartbeat_call(self, op: str) -> Call:
-        keys = (f"{self.prefix}{{replicas}}", f"{self.prefix}{{replicas}}:epoch")
+        keys = (self._replicas_key, f"{self._replicas_key}:epoch")
         return Call("replicas.lua", keys, (op, self.replica_id, secrets.token_hex(8)))
+
+    @property
+    def _replicas_key(self) -> str:
+        return f"{self.prefix}{{replicas}}"
+
+    async def replicas(self) -> dict[str, float]:
+        """Every process whose heartbeat Redis saw in the last minute, and when (unix
+        seconds, Redis's clock): the status page's list of replicas."""
+        if not self.usable:
+            return {}
+        call = Call(None, (), ("ZRANGE", self._replicas_key, 0, -1, "WITHSCORES"))
+        try:
+            (raw,) = await self.link.run([call])
+            if isinstance(raw, Exception):
+                raise raw
+            pairs = _pairs(raw)
+        except Exception as exc:
+            self._failed(exc)
+            return {}
+        cutoff = time.time() - REPLICA_WINDOW_MS / 1000
+        seen = {str(name): float(ms) / 1000 for name, ms in pairs}
+        return {name: at for name, at in seen.items() if at >= cutoff}
+
+    def peek(self, key: str, limits: Limits) -> Remaining | None:
+        """Only while this replica enforces its share (fail open) does it know a key's
+        buckets without asking; otherwise they are in Redis, not read per page."""
+        if not self.usable and self.fail_mode == "open":
+            return self.fallback.peek(key)
+        return None
 
     def _beat(self, result: list[Any]) -> None:
         count, epoch = int(result[0]), str(result[1])
@@ -446,27 +484,24 @@ class RedisStore:
         self._publish()
 
     async def housekeeping(self) -> dict[str, Limits]:
-        """Once a second: heartbeat (the live replica count; while down, the probe) and the
-        live limits set on any replica, both in the group commit's next round trip."""
+        """Once a second: the heartbeat (the live replica count; while down, the probe
+        that ends the outage), in the group commit's next round trip. Live per-key limits
+        are the database's now (`app/db/overrides.py`): none come from here."""
         if self.misconfigured is not None:
             return {}
         if not self.up:
             await self._heartbeat_now()
             return {}
-        loop = asyncio.get_running_loop()
-        beat: asyncio.Future[Any] = loop.create_future()
-        limits: asyncio.Future[Any] = loop.create_future()
+        beat: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._ops.append((self._heartbeat_call("beat"), beat))
-        self._ops.append((Call(None, (), ("HGETALL", f"{self.prefix}limits")), limits))
         self._kick()
         try:
             self._beat(await beat)
-            return _overrides(await limits)
         except _Unavailable:
-            return {}
+            pass
         except Exception as exc:  # an answer that makes no sense: a failure like any
             self._failed(exc)
-            return {}
+        return {}
 
     async def save_override(self, key: str, limits: Limits) -> None:
         value = f"{limits.requests_per_minute},{limits.tokens_per_minute}"
@@ -476,7 +511,7 @@ class RedisStore:
             self._failed(exc)
 
     async def load_overrides(self) -> dict[str, Limits]:
-        """Live limits set on any replica (admin API)."""
+        """Live limits once kept in Redis (before they moved to the database)."""
         if not self.usable:
             return {}
         try:
@@ -527,6 +562,14 @@ class RedisStore:
         if self.misconfigured is not None:
             out["error"] = self.misconfigured
         return out
+
+
+def _pairs(raw: Any) -> list[tuple[Any, Any]]:
+    """ZRANGE ... WITHSCORES as (member, score): RESP3 answers pairs, RESP2 a flat list."""
+    items = list(raw)
+    if items and isinstance(items[0], list | tuple):
+        return [(a, b) for a, b in items]
+    return list(zip(items[::2], items[1::2], strict=True))
 
 
 def _overrides(raw: Any) -> dict[str, Limits]:

@@ -17,6 +17,7 @@ commands Redis executed per request, those run inside the scripts included.
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ def run(group: Group, tmp: Path, plan: Plan) -> dict[str, Any]:
         ports[name] = int(url.rsplit(":", 1)[1].split("/")[0])
         return subjects.tokengate(
             group, name, work / name, up.json_url, workers=1, cpus=cpus, redis_url=url,
-            domain=PACED if paced else None,
+            extra_env={"TOKENGATE_SCALE_UP": json.dumps(PACED)} if paced else None,
         )  # fmt: skip
 
     cast = [

@@ -83,12 +83,12 @@ def tokengate(
     cpus: str | None = None,
     redis_url: str | None = None,
     upstream_client: str = "native",
-    domain: dict[str, object] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
 
     `redis_url` shares limits through Redis (`TOKENGATE_REDIS_URL`) instead of
-    in-process state; `domain` adds fields to the config's one Scale-up domain (a quota).
+    in-process state; `extra_env` sets anything else (a domain's quota, say).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     key: dict[str, object] = {"alias": "bench", "key_sha256": sha256(GATEWAY_KEY)}
@@ -99,15 +99,14 @@ def tokengate(
         TOKENGATE_API_ENDPOINT=upstream,
         TOKENGATE_LOGGING__OUTPUT=str(workdir / "gateway.log"),
         TOKENGATE_LOGGING__LEVEL=log_level,
-        TOKENGATE_LEDGER__PATH=str(workdir / "ledger.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(workdir / "tokengate.sqlite3"),
         TOKENGATE_RATE_LIMIT__REQUESTS_PER_MINUTE=str(HUGE_RPM),
         TOKENGATE_RATE_LIMIT__TOKENS_PER_MINUTE=str(HUGE_TPM),
         TOKENGATE_SERVER__UPSTREAM_CLIENT=upstream_client,
     )
     if redis_url:
         env["TOKENGATE_REDIS_URL"] = redis_url
-    if domain:
-        env["TOKENGATE_SCALE_UP"] = json.dumps(domain)
+    env.update(extra_env or {})
     if workers > 1:
         # What the CLI would create in /tmp, but inside the run's dir so it never leaks;
         # one worker keeps in-memory metrics, as `serve` does by default.
@@ -123,8 +122,8 @@ def tokengate(
     notes = [f"{workers} worker(s), log level {log_level}, auth + limits + queue + metrics on"]
     if redis_url:
         notes.append("limits in Redis")
-    if domain:
-        notes.append(f"domain: {json.dumps(domain)}")
+    if extra_env:
+        notes.append(" ".join(f"{k}={v}" for k, v in sorted(extra_env.items())))
     if upstream_client != "native":
         notes.append(f"upstream client: {upstream_client}")
     return Subject(name, url, bearer(GATEWAY_KEY), proc, notes, workdir / "gateway.log")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from app.config.schema import RedisConfig
 from app.limits.bucket import Limits
 from app.limits.redis_conn import connect
 from app.limits.redis_store import RedisStore
 from app.limits.store import MemoryStore
+from tests.support.procs import redis_server
 
 
 async def test_a_memory_store_is_local_and_always_admits() -> None:
@@ -38,3 +42,40 @@ def test_a_redis_store_is_shared_and_refuses_only_when_down_in_closed_mode() -> 
         assert isinstance(health, dict)
         assert health["state"] == ("refusing" if down_refuses else "degraded")
         assert store.refusing() is down_refuses
+
+
+async def test_a_memory_store_knows_no_other_replica_and_reads_its_buckets() -> None:
+    store = MemoryStore()
+    assert await store.replicas() == {}
+    assert store.peek("k", Limits(10, 100)) == (10, 100)
+    await store.reserve("k", Limits(10, 100), 30)
+    assert store.peek("k", Limits(10, 100)) == (9, 70)
+
+
+async def test_redis_replicas_announce_themselves_and_leave_on_close() -> None:
+    tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(coro: object) -> None:
+        tasks.add(asyncio.ensure_future(coro))  # type: ignore[arg-type]
+
+    with redis_server() as server:
+        cfg = RedisConfig(url=server.url)
+        a = RedisStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-a:1")
+        b = RedisStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-b:2")
+        await a.start()  # the first heartbeat is part of starting
+        await b.start()
+        try:
+            seen = await a.replicas()
+            assert set(seen) == {"host-a:1", "host-b:2"}
+            assert all(abs(at - time.time()) < 30 for at in seen.values())
+            # Up, the buckets are in Redis: this process does not pretend to know them.
+            assert a.peek("k", Limits(10, 100)) is None
+        finally:
+            await b.close()
+        assert set(await a.replicas()) == {"host-a:1"}  # a clean stop leaves at once
+        a.up = False  # fail open: its own share of the buckets decides now, shown as such
+        assert a.peek("k", Limits(10, 100)) is None  # not used since
+        await a.reserve("k", Limits(10, 100), 30)
+        assert a.peek("k", Limits(10, 100)) == (9, 70)
+        await asyncio.gather(*tasks)
+        await a.close()
