@@ -55,7 +55,10 @@ async def make(redis_aof: Server) -> AsyncIterator[Callable[..., Coroutine[Any, 
     async def build(**kw: Any) -> RedisStore:
         states: list[RedisState] = []
         cfg = RedisConfig(url=redis_aof.url, **kw)
-        store = RedisStore.from_config(cfg, spawn=tasks.spawn, on_state=states.append)
+        replica = f"replica-{len(made)}"  # one process plays several here
+        store = RedisStore.from_config(
+            cfg, spawn=tasks.spawn, on_state=states.append, replica=replica
+        )
         store.states = states  # type: ignore[attr-defined]
         store.tasks = tasks  # type: ignore[attr-defined]
         await store.start()
