@@ -51,8 +51,9 @@ from app.runtime import DomainSpec, KeySpec, Runtime
 from app.status.board import StatusBoard
 from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
-from app.upstream.client import Timeouts, Transport, UpstreamClient, make_transport
+from app.upstream.client import UpstreamClient, make_transport
 from app.upstream.health import probe
+from app.upstream.transport import Timeouts, Transport
 from app.upstream.websocket import SocketDialer
 
 log = logging.getLogger("tokengate.gateway")
@@ -74,6 +75,11 @@ class Gateway:
         self.metrics = metrics
         s = runtime.settings
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
+        if transport_factory is None and s.server.upstream_client != "aiohttp":
+            log.warning(
+                "server.upstream_client = %r is deprecated: the upstream client is aiohttp",
+                s.server.upstream_client,
+            )
         self._transport_factory = transport_factory or self._default_transport
         # Names this process on the status page and in the shared store's replica list.
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -109,10 +115,9 @@ class Gateway:
     def _default_transport(self, spec: DomainSpec) -> Transport:
         sched = self.runtime.settings.token_scheduler
         timeouts = Timeouts(connect=sched.connect_timeout_ms / 1000, read=sched.timeout_ms / 1000)
-        kind = self.runtime.settings.server.upstream_client
-        pool = spec.max_inflight + 8
+        pool = spec.max_inflight + 8  # headroom: health probes, answers being released
         # base: the transport logs how it reaches the upstream (direct or which proxy)
-        return make_transport(kind, timeouts, sched.timeout_ms / 1000, pool, base=spec.api_base)
+        return make_transport(timeouts, sched.timeout_ms / 1000, pool, base=spec.api_base)
 
     def _pace_state(self, spec: DomainSpec) -> PaceState:
         rpm, tpm = spec.requests_per_minute, spec.tokens_per_minute
@@ -148,14 +153,11 @@ class Gateway:
 
     def _build_store(self) -> LimitStore:
         s = self.runtime.settings
-        if s.redis.url is not None:
-            return RedisStore(
-                s.redis.url.get_secret_value(),
-                fail_mode=s.redis.fail_mode,
-                prefix=s.redis.key_prefix,
-                timeout_ms=s.redis.timeout_ms,
-                max_connections=s.redis.max_connections,
-                on_state=self.metrics.set_redis_up,
+        if s.redis.enabled:
+            return RedisStore.from_config(
+                s.redis,
+                spawn=self.spawn,
+                on_state=self.metrics.record_redis_state,
                 replica=self.replica_id,
             )
         return MemoryStore()
@@ -219,7 +221,7 @@ class Gateway:
 
     def _describe_limits(self) -> None:
         if self.store.shared:
-            mode = "shared through Redis by every replica and worker"
+            mode = "shared through Redis by every replica and worker"  # where: logged by it
         elif self.divisor > 1:
             mode = (
                 f"split per worker: each of {self.divisor} workers enforces 1/{self.divisor} "
@@ -399,10 +401,14 @@ class Gateway:
         ticks = 0
         while True:
             await asyncio.sleep(1.0)
-            for domain in self.domains:
-                await domain.dispatcher.pacer.sync()  # what other replicas learned
+            try:
+                # At once, so a shared store sends them all in one round trip: what other
+                # replicas learned of each domain's pace, and the heartbeat.
+                syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
+                await asyncio.gather(syncs, self.store.housekeeping())
+            except Exception as exc:  # one bad second must not end the upkeep for good
+                log.error("housekeeping failed (tried again in a second): %r", exc)
             self._sync_gauges()
-            await self.store.housekeeping()
             await self._load_overrides()
             ticks += 1
             if ticks % LEDGER_MAINTENANCE_TICKS == 0:

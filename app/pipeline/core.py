@@ -36,9 +36,10 @@ from app.errors import (
     PermissionDenied,
     ServiceUnavailable,
 )
-from app.limits.admission import Admission, Spawn, Ticket
+from app.limits.admission import Admission, Ticket
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
+from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.pipeline.failure import client_error
@@ -47,13 +48,14 @@ from app.pipeline.trace import Attempt, Trace
 from app.runtime import KeySpec, Runtime
 from app.status.recent import Failure
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
-from app.upstream.client import UpstreamResponse
 from app.upstream.retry import RetrySpec, call_with_retries
+from app.upstream.transport import UpstreamResponse
 from app.upstream.usage import Usage, parse_usage
 
 # Attempt outcomes that feed neither the breaker nor a verdict on the upstream's health.
 _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})
 access_log = logging.getLogger("tokengate.access")
+resend_log = logging.getLogger("tokengate.upstream")
 MAX_DOMAINS_PER_MODEL = 2
 
 
@@ -84,6 +86,7 @@ class Pipeline:
             backoff=policy.backoff_ms / 1000,
             max_backoff=policy.max_backoff_ms / 1000,
             max_retry_after=policy.max_retry_after_ms / 1000,
+            retry_unanswered=policy.retry_unanswered,
         )
         self.aliases = runtime.settings.model_aliases
         self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
@@ -218,7 +221,8 @@ class Pipeline:
                     return reply, domain, model, slot
                 except AttemptFailed as failure:
                     last = failure
-                    if not failure.moves_on:
+                    # Another domain or model is a re-send too: the same rule as a retry.
+                    if not failure.moves_on or not self.retry.may_resend(failure):
                         raise self._final_error(failure, trace) from None
                 except ServiceUnavailable as exc:
                     last = exc
@@ -277,6 +281,8 @@ class Pipeline:
     ) -> Reply:
         if not domain.breaker.allows():
             raise AttemptFailed(Reason.CIRCUIT_OPEN, retryable=False, detail=domain.name)
+        if trace.attempts:
+            self._resending(call, domain, trace)
         t0 = self.clock()
         try:
             reply = await self._send(call, domain, body)
@@ -299,6 +305,20 @@ class Pipeline:
             domain.note_quota(False)
         domain.observe_latency(self.clock() - t0)
         return reply
+
+    def _resending(self, call: ClientRequest, domain: Domain, trace: Trace) -> None:
+        """Every attempt after a request's first (a retry, another domain, a fallback
+        model, a requeue after a 429) is a re-send: counted and logged with its cause."""
+        previous = trace.attempts[-1]
+        self.metrics.record_resend(domain.name, previous.outcome)
+        resend_log.info(
+            "re-sending request %s to %s (attempt %d; the last one on %s: %s)",
+            call.request_id,
+            domain.name,
+            len(trace.attempts) + 1,
+            previous.domain,
+            previous.outcome,
+        )
 
     async def _send(self, call: ClientRequest, domain: Domain, body: bytes) -> Reply:
         resp: UpstreamResponse | None = None
@@ -367,7 +387,8 @@ class Pipeline:
         if last is None or isinstance(last, GatewayError):
             return last or ServiceUnavailable("no domain available", code="no_healthy_domain")
         assert isinstance(last, AttemptFailed)
-        return client_error(last, trace, cooperate=self.cooperate)
+        resent = self.retry.may_resend(last)
+        return client_error(last, trace, cooperate=self.cooperate, resent=resent)
 
     # -- answers and accounting -------------------------------------------------------------
     def _json_answer(
@@ -422,7 +443,7 @@ class Pipeline:
             cached_tokens=trace.cached_tokens,
             status=status,
         )
-        self.admission.settle(ticket, entry, self.spawn, dispatched=trace.dispatched)
+        self.admission.settle(ticket, entry, dispatched=trace.dispatched)
         self._log(trace, status, exc, entry)
 
     def _log(
@@ -465,7 +486,8 @@ def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> Attemp
 
 async def _first_event(chunks: AsyncIterator[bytes]) -> bytes:
     """Read up to the first complete SSE event inside the attempt: until then nothing has
-    reached the client, so a drop is still an ordinary, retryable attempt failure."""
+    reached the client, so a drop is still an attempt failure (an ambiguous one: the
+    upstream had begun to answer, so it is not re-sent by default)."""
     data = b""
     while b"\n\n" not in data and b"\r\n\r\n" not in data:
         chunk = await anext(chunks, None)

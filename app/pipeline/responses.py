@@ -43,7 +43,7 @@ from app.pipeline.request import RESPONSES_COMPACT, ClientRequest
 from app.pipeline.wire import parse_json
 from app.runtime import KeySpec
 from app.upstream.attempt import AttemptFailed
-from app.upstream.client import UpstreamResponse
+from app.upstream.transport import UpstreamResponse
 
 access_log = logging.getLogger("tokengate.access")
 # What an id may look like before it is put in an upstream path (no `/`, `?`, `..`).

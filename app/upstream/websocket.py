@@ -20,7 +20,9 @@ upstream's frames written as SSE events.
                   fresh socket
               ──► else 200: frames relayed as SSE until the terminal event
 
-An upstream that refuses the upgrade (426, 404...) is remembered per client connection:
+A socket that breaks or goes silent after a `response.create` was sent is an ambiguous
+failure (the upstream may be generating): by the gateway's resend rule it is not sent
+again. An upstream that refuses the upgrade (426, 404...) is remembered per client connection:
 `send` answers None and the pipeline uses HTTP + SSE for that domain. aiohttp is this
 module's library (its own session, proxies from the environment like the HTTP client's).
 """
@@ -32,13 +34,13 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
-from app.upstream.pool import parse_target
 from app.upstream.proxyenv import Proxies
 
 log = logging.getLogger("tokengate.upstream")
@@ -93,7 +95,9 @@ class SocketDialer:
         """A socket to `spec`'s upstream, or None if it refuses the WebSocket mode."""
         if self._session is None:
             self._session = aiohttp.ClientSession(auto_decompress=False)
-        scheme, host, port = parse_target(spec.api_base).origin
+        parts = urlsplit(spec.api_base)
+        scheme, host = parts.scheme, parts.hostname or ""
+        port = parts.port or (443 if scheme == "https" else 80)
         url = ("wss" if scheme == "https" else "ws") + spec.api_base[len(scheme) :]
         headers = {
             "authorization": f"Bearer {spec.api_key.get_secret_value()}",
@@ -182,7 +186,9 @@ class UpstreamSockets:
             await link.ws.send_str(orjson.dumps(message).decode())
         except (aiohttp.ClientError, OSError, ConnectionError) as exc:
             await self._drop(spec.name)
-            raise AttemptFailed(Reason.RESET, retryable=True, detail=str(exc)) from None
+            raise AttemptFailed(
+                Reason.RESET, retryable=True, ambiguous=True, detail=str(exc)
+            ) from None
         answer = SocketAnswer(self, spec.name, link, body.get("input"), self.dialer.read_timeout)
         await answer.start()
         return answer
@@ -236,13 +242,17 @@ class SocketAnswer:
             msg = await self._link.ws.receive(timeout=self._timeout)
         except TimeoutError:
             await self._owner._drop(self._domain)
-            raise AttemptFailed(Reason.TIMEOUT, retryable=True, detail="websocket") from None
+            raise AttemptFailed(
+                Reason.TIMEOUT, retryable=True, ambiguous=True, detail="websocket"
+            ) from None
         if msg.type is aiohttp.WSMsgType.TEXT:
             return str(msg.data).encode()
         if msg.type is aiohttp.WSMsgType.BINARY:
             return bytes(msg.data)
         await self._owner._drop(self._domain)
-        raise AttemptFailed(Reason.RESET, retryable=True, detail=f"websocket {msg.type.name}")
+        raise AttemptFailed(
+            Reason.RESET, retryable=True, ambiguous=True, detail=f"websocket {msg.type.name}"
+        )
 
     async def read(self) -> bytes:
         return orjson.dumps({"error": self._error})

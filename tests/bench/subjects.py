@@ -82,13 +82,12 @@ def tokengate(
     log_level: str = "warning",
     cpus: str | None = None,
     redis_url: str | None = None,
-    upstream_client: str = "native",
     extra_env: dict[str, str] | None = None,
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
 
-    `redis_url` shares limits and ledger through Redis (`TOKENGATE_REDIS_URL`) instead
-    of in-process state.
+    `redis_url` shares limits through Redis (`TOKENGATE_REDIS_URL`) instead of
+    in-process state; `extra_env` sets anything else (a domain's quota, say).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     key: dict[str, object] = {"alias": "bench", "key_sha256": sha256(GATEWAY_KEY)}
@@ -102,7 +101,6 @@ def tokengate(
         TOKENGATE_DATABASE__PATH=str(workdir / "tokengate.sqlite3"),
         TOKENGATE_RATE_LIMIT__REQUESTS_PER_MINUTE=str(HUGE_RPM),
         TOKENGATE_RATE_LIMIT__TOKENS_PER_MINUTE=str(HUGE_TPM),
-        TOKENGATE_SERVER__UPSTREAM_CLIENT=upstream_client,
     )
     if redis_url:
         env["TOKENGATE_REDIS_URL"] = redis_url
@@ -121,9 +119,9 @@ def tokengate(
     wait_http(f"{url}/health/ready", proc, timeout=60, ok=lambda r: r.status_code == 200)
     notes = [f"{workers} worker(s), log level {log_level}, auth + limits + queue + metrics on"]
     if redis_url:
-        notes.append("limits and ledger in Redis")
-    if upstream_client != "native":
-        notes.append(f"upstream client: {upstream_client}")
+        notes.append("limits in Redis")
+    if extra_env:
+        notes.append(" ".join(f"{k}={v}" for k, v in sorted(extra_env.items())))
     return Subject(name, url, bearer(GATEWAY_KEY), proc, notes, workdir / "gateway.log")
 
 
@@ -137,14 +135,14 @@ def nginx_proxy(group: Group, name: str, prefix: Path, upstream: str, cpus: str 
     return Subject("nginx-proxy", url, bearer(UPSTREAM_KEY), server.proc, notes)
 
 
-def redis_server(group: Group) -> str | None:
+def redis_server(group: Group, cpus: str | None = None) -> str | None:
     """A throwaway `redis-server` on a free loopback port (no persistence); its URL."""
     exe = shutil.which("redis-server")
     if exe is None:
         return None
     port = free_port()
     cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    wait_port(port, group.start(f"redis-{port}", cmd))
+    wait_port(port, group.start(f"redis-{port}", pinned(cmd, cpus)))
     return f"redis://127.0.0.1:{port}/0"
 
 
