@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from functools import partial
 from itertools import chain
 
@@ -480,7 +480,7 @@ class Pipeline:
             access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
 
 
-def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> AttemptFailed:
+def _status_failure(status: int, body: bytes, headers: Mapping[str, str]) -> AttemptFailed:
     return status_failure(status, body, headers.get("content-type", "application/json"), headers)
 
 
