@@ -120,7 +120,9 @@ def per_chunk(group: Group, tmp: Path, plan: Plan, out: StreamsResult) -> None:
             common.cell(s, body, CHUNK_CONCURRENCY, plan, tmp, seconds=plan.warmup)
         for _ in range(CHUNK_ROUNDS):
             for s in started:
-                cell = common.cell(s, body, CHUNK_CONCURRENCY, plan, tmp, upstream_pid=sim.pid)
+                cell: dict[str, Any] = common.cell(
+                    s, body, CHUNK_CONCURRENCY, plan, tmp, upstream_pid=sim.pid
+                )
                 row = rows[s.name]
                 row["cells"].append(cell)
                 # µs/request x requests = the subject's CPU over the cell
