@@ -22,13 +22,14 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
 from tests.bench import common, nginx, subjects
+from tests.bench.procs import ROOT
 
 _JSON = nginx.completion_body().encode()
 _SSE = nginx.stream_body().encode()
@@ -71,7 +72,7 @@ class _Upstream:
 
 
 def _environ(work: Path, level: str) -> None:
-    key = {"alias": "bench", "key_sha256": subjects.sha256(subjects.GATEWAY_KEY)}
+    key: dict[str, object] = {"alias": "bench", "key_sha256": subjects.sha256(subjects.GATEWAY_KEY)}
     key |= {"requests_per_minute": subjects.HUGE_RPM, "tokens_per_minute": subjects.HUGE_TPM}
     settings = subjects.write_settings(work / "settings.json", [key])
     os.environ.update(
@@ -83,7 +84,7 @@ def _environ(work: Path, level: str) -> None:
         TOKENGATE_HEALTH_CHECK__ENABLED="false",
         TOKENGATE_RATE_LIMIT__REQUESTS_PER_MINUTE=str(subjects.HUGE_RPM),
         TOKENGATE_RATE_LIMIT__TOKENS_PER_MINUTE=str(subjects.HUGE_TPM),
-        TOKENGATE_CONFIG=str(subjects.ROOT / "config" / "config.toml"),
+        TOKENGATE_CONFIG=str(ROOT / "config" / "config.toml"),
         TOKENGATE_SETTINGS=str(settings),
     )
 
@@ -135,7 +136,7 @@ async def _run(stream: bool, requests: int, rounds: int, concurrency: int) -> fl
             await forever  # as a server does: nothing more until the client leaves
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 statuses[message["status"]] = statuses.get(message["status"], 0) + 1
 
