@@ -36,7 +36,7 @@ from pathlib import Path
 
 from tests.bench import common, subjects, throughput, wrk
 from tests.bench.common import Plan
-from tests.bench.procs import ROOT, Group, free_port, sigterm_as_interrupt, wait_http
+from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
 
 _FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^():]*)(?::\d+)?\)$")
 
@@ -128,28 +128,23 @@ def _pyspy(args: argparse.Namespace, group: Group, tmp: Path, plan: Plan, out: P
 def _callgrind(args: argparse.Namespace, group: Group, tmp: Path, plan: Plan, out: Path) -> None:
     """Instructions per request, counted by callgrind over one wrk cell after a warm-up."""
     up = throughput.start_upstream(group, tmp, plan)
-    url = up.sse_url if args.mode == "sse" else up.json_url
-    work = tmp / "tg1"
-    # The bench's own start, to write the settings and learn the environment; then the
-    # same command again under valgrind.
-    probe = subjects.tokengate(group, "tg1-probe", work, url, workers=1)
-    assert probe.proc is not None
-    cmd = [str(a) for a in probe.proc.popen.args]
-    env = _environ(probe.proc.popen.pid)
-    group.stop(probe.proc)
-    port = free_port()
-    serve = cmd[cmd.index(sys.executable) :]
-    serve[serve.index("--port") + 1] = str(port)
-    dump = out / f"callgrind-{args.mode}.out"
+    stream = args.mode == "sse"
+    url = up.sse_url if stream else up.json_url
+    name = f"{args.subject}-{args.mode}"
+    dump = out / f"callgrind-{name}.out"
     vg = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}"]
-    proc = group.start("tg1-callgrind", [*vg, *serve], env=env)
-    base = f"http://127.0.0.1:{port}"
-    wait_http(f"{base}/health/ready", proc, timeout=600, ok=lambda r: r.status_code == 200)
-    subject = subjects.Subject("tokengate-1w", base, subjects.bearer(subjects.GATEWAY_KEY), proc)
-    body = common.chat_body(args.mode == "sse")
+    if args.subject == "tokengate":
+        subject = subjects.tokengate(group, "tg1", tmp / "tg1", url, workers=1, wrap=vg)
+    else:
+        subject = subjects.floor(
+            group, args.subject, args.subject, url, stream=stream, cpus=None, wrap=vg
+        )
+    assert subject.proc is not None
+    pid = subject.proc.pid  # setpriv and taskset exec: valgrind runs in this process
+    body = common.chat_body(stream)
     slow = Plan(seconds=args.seconds, load_cpus=plan.load_cpus, subject_cpus=None)
     common.cell(subject, body, args.c, slow, tmp, seconds=5)  # warm-up (imports, caches)
-    idle = _counted(proc.pid, out, args.mode, lambda: time.sleep(args.seconds))
+    idle = _counted(pid, out, name, lambda: time.sleep(args.seconds))
     results: list[wrk.WrkResult] = []
 
     def load() -> None:
@@ -166,18 +161,18 @@ def _callgrind(args: argparse.Namespace, group: Group, tmp: Path, plan: Plan, ou
             )
         )
 
-    busy = _counted(proc.pid, out, args.mode, load)
+    busy = _counted(pid, out, name, load)
     requests = results[0].requests
     per = (busy - idle) / requests if requests else float("nan")
     line = (
-        f"{args.mode} c={args.c}: {requests} requests in {args.seconds:g} s, {busy:,} "
+        f"{name} c={args.c}: {requests} requests in {args.seconds:g} s, {busy:,} "
         f"instructions, {idle:,} in as long idle (background loops): {per:,.0f} per request"
     )
-    (out / f"callgrind-{args.mode}.md").write_text(line + "\n")
+    (out / f"callgrind-{name}.md").write_text(line + "\n")
     print(line)
 
 
-def _counted(pid: int, out: Path, mode: str, during: Callable[[], None]) -> int:
+def _counted(pid: int, out: Path, name: str, during: Callable[[], None]) -> int:
     """Instructions the process executed while `during` ran (callgrind's counters are
     switched on for it, then dumped)."""
     subprocess.run(["callgrind_control", "--zero", str(pid)], check=True, capture_output=True)
@@ -185,14 +180,8 @@ def _counted(pid: int, out: Path, mode: str, during: Callable[[], None]) -> int:
     during()
     subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, capture_output=True)
     subprocess.run(["callgrind_control", "--instr=off", str(pid)], check=True, capture_output=True)
-    dumps = sorted(out.glob(f"callgrind-{mode}.out.*"), key=lambda p: p.stat().st_mtime)
+    dumps = sorted(out.glob(f"callgrind-{name}.out.*"), key=lambda p: p.stat().st_mtime)
     return _instructions(dumps[-1])
-
-
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(): v.decode() for k, v in pairs}
 
 
 def _instructions(dump: Path) -> int:
@@ -211,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--native", action="store_true", help="py-spy: C frames too")
     p.add_argument("--callgrind", action="store_true", help="instructions per request instead")
+    p.add_argument(
+        "--subject",
+        choices=("tokengate", "canned", "relay"),
+        default="tokengate",
+        help="callgrind: tokengate, or one of floor_app's bare apps (uvicorn alone; uvicorn "
+        "and aiohttp)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "tests" / "bench" / "results" / "profile")
     args = p.parse_args(argv)
     args.c = args.c or (8 if args.callgrind else 64)

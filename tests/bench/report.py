@@ -21,6 +21,8 @@ SUBJECT_ORDER = (
     "tokengate-1w-info",
     "tokengate-1w-redis",
     "tokengate-2w",
+    "floor-canned",
+    "floor-relay",
     "litellm",
 )
 
