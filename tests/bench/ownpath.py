@@ -115,6 +115,7 @@ def _scope(body: bytes) -> dict[str, Any]:
 async def _run(stream: bool, requests: int, rounds: int, concurrency: int) -> float:
     from app.bootstrap import load_runtime, setup_process
     from app.main import create_app
+    from app.signals import tune_gc
     from tests.support.inproc import Lifespan
 
     runtime = load_runtime()
@@ -151,6 +152,7 @@ async def _run(stream: bool, requests: int, rounds: int, concurrency: int) -> fl
 
     best = float("inf")
     async with Lifespan(app):
+        tune_gc()  # as a serving process does after start-up (app.main's lifespan)
         await load(max(200, concurrency))  # warm-up: caches, label children, ledger rows
         for _ in range(rounds):
             started = time.process_time()
