@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class Attempt:
     n: int
     domain: str
@@ -27,7 +27,7 @@ class Attempt:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class Trace:
     request_id: str
     key: str
