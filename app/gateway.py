@@ -370,6 +370,7 @@ class Gateway:
         for d in self.domains:
             self.metrics.set_domain_state(d.name, d.healthy is not False, d.breaker.is_open)
             self.metrics.set_queue_depth(d.name, len(d.dispatcher.queue))
+            self.metrics.set_queue_capacity(d.name, d.dispatcher.queue.capacity)
             self.metrics.set_inflight(d.name, d.dispatcher.inflight)
             self.metrics.set_pace(d.name, d.dispatcher.pacer.rate())
 

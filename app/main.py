@@ -18,6 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
 from app.api import admin, batches, errors, health, openai
+from app.api.access import AccessRecorder
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
@@ -81,6 +82,7 @@ def create_app(
         draining=lambda: gateway.draining,
         max_header_bytes=server.max_header_bytes,
         max_headers=server.max_headers,
+        recorder=AccessRecorder(gateway.metrics),
     )
 
 

@@ -108,6 +108,20 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.queue_capacity = Gauge(
+            "tokengate_queue_capacity",
+            "Requests a domain's queue holds (token_scheduler.queue_capacity): alerts compare "
+            "tokengate_queue_depth with it.",
+            ["domain"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.queue_full = Counter(
+            "tokengate_queue_full",
+            "Requests refused with 503 queue_full because a domain's queue was at capacity.",
+            ["domain"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "tokengate_queue_wait_seconds",
             "Time a request waited for a dispatch slot.",
@@ -229,6 +243,12 @@ class Metrics:
         self._child(self.requests, domain, m, str(status)).inc()
         self._child(self.duration, domain, m).observe(seconds)
 
+    def record_refused(self, domain: str, model: str | None, status: int) -> None:
+        """A request refused before the pipeline planned it (bad key, body, method, route):
+        its answer is counted; its duration says nothing about any domain, so it is not
+        observed."""
+        self._child(self.requests, domain, self.model_label(model), str(status)).inc()
+
     def record_answer(
         self, domain: str, model: str | None, usage: UsageLike, status: int, seconds: float
     ) -> None:
@@ -288,6 +308,12 @@ class Metrics:
 
     def record_queue_wait(self, domain: str, seconds: float) -> None:
         self._child(self.queue_wait, domain).observe(seconds)
+
+    def record_queue_full(self, domain: str) -> None:
+        self._child(self.queue_full, domain).inc()
+
+    def set_queue_capacity(self, domain: str, capacity: int) -> None:
+        self._child(self.queue_capacity, domain).set(capacity)
 
     def set_queue_depth(self, domain: str, depth: int) -> None:
         self._child(self.queue_depth, domain).set(depth)

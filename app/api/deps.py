@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.api.access import identify
 from app.gateway import Gateway
 from app.runtime import KeySpec
 
@@ -25,7 +26,9 @@ async def _caller(request: Request, gateway: GatewayDep) -> KeySpec:
             authorization = value.decode("latin-1")
         elif name == b"x-api-key":
             api_key = value.decode("latin-1")
-    return gateway.keys.authenticate(authorization, api_key)
+    caller = gateway.keys.authenticate(authorization, api_key)
+    identify(request.scope, caller.alias)
+    return caller
 
 
 CallerDep = Annotated[KeySpec, Depends(_caller)]

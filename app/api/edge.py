@@ -18,6 +18,7 @@ import time
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.api.access import note_of, refused
 from app.api.body import ClientGone, read_body
 from app.api.errors import render
 from app.api.responses import SseResponse, send_json
@@ -43,20 +44,27 @@ class EdgeRoutes:
             await self.app(scope, receive, send)
             return
         response: Response
+        if (note := note_of(scope)) is not None:
+            note.endpoint = endpoint.name
         if scope["method"] != "POST":
             # OpenAI's body on every path, /v1/messages included (as it always was)
-            response = render(MethodNotAllowed(scope["method"], scope["path"]))
+            wrong = MethodNotAllowed(scope["method"], scope["path"])
+            refused(scope, wrong)
+            response = render(wrong)
             await response(scope, receive, send)
             return
         try:
             answer = await self._answer(endpoint, scope, receive)
         except GatewayError as exc:
+            refused(scope, exc)
             response = render(exc, anthropic=endpoint.anthropic)
         except ClientGone:
             return
         except Exception as exc:
             log.error("unhandled error on %s", scope["path"], exc_info=exc)
-            response = render(InternalError(), anthropic=endpoint.anthropic)
+            bug = InternalError()
+            refused(scope, bug)
+            response = render(bug, anthropic=endpoint.anthropic)
         else:
             if isinstance(answer, JsonAnswer):
                 await send_json(answer, send)
@@ -74,7 +82,13 @@ class EdgeRoutes:
             elif name == b"x-api-key":
                 api_key = value.decode("latin-1")
         caller = gateway.keys.authenticate(authorization, api_key)
+        note = scope["state"].get("access")
+        if note is not None:
+            note.key = caller.alias
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
+        if note is not None:
+            note.model = call.model
+            note.handled = True  # from here on the pipeline writes the request's line
         return await gateway.pipeline.handle(call)

@@ -53,6 +53,7 @@ from app.upstream.usage import parse_usage
 _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})
 access_log = logging.getLogger("tokengate.access")
 MAX_DOMAINS_PER_MODEL = 2
+NO_DOMAIN = "none"  # the `domain` of a request refused before any domain was chosen
 
 
 class Pipeline:
@@ -201,6 +202,7 @@ class Pipeline:
     async def _on_domain(
         self, call: ClientRequest, model: str, domain: Domain, trace: Trace
     ) -> tuple[Reply, Slot]:
+        trace.domain = domain.name  # the domain that answers, or the last one that refused
         queued = self.clock()
         slot = await domain.dispatcher.acquire(
             call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
@@ -385,7 +387,7 @@ class Pipeline:
         elif exc is not None:
             trace.error = type(exc).__name__
         seconds = self.clock() - trace.started
-        domain, model = trace.domain or "-", trace.model or trace.requested_model
+        domain, model = trace.domain or NO_DOMAIN, trace.model or trace.requested_model
         if usage is None:  # refused before admission: no tokens, no ledger entry
             self.metrics.record_request(domain, model, status, seconds)
         else:

@@ -58,7 +58,7 @@ class Trace:
             "endpoint": self.endpoint,
             "model": self.model or self.requested_model,
             "requested_model": self.requested_model,
-            "domain": self.domain,
+            "domain": self.domain or "none",
             "status": self.status,
             "error": self.error,
             "stream": self.stream,
