@@ -29,6 +29,7 @@ from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
 from app.config.errors import ConfigError
+from app.config.schema import Settings
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.limits.admission import Admission
@@ -39,6 +40,7 @@ from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
+from app.reload import describe_reload, log_reload
 from app.runtime import DomainSpec, KeySpec, Runtime
 from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
@@ -182,28 +184,29 @@ class Gateway:
 
     # -- live reconfiguration ----------------------------------------------------------
     def reload(self, new: Runtime) -> list[str]:
-        """Apply a re-read configuration without dropping a request.
+        """Apply a re-read configuration without dropping a request; name every change.
 
         Requests already admitted finish with the objects they hold; new ones see the new
-        keys, limits, routes, aliases, retry policy, per-domain quotas and upstream keys.
-        Adding, removing or re-pointing a domain (`api_base`) needs a restart: such
-        changes are reported and left out, the rest is applied.
+        keys, limits, routes, aliases, retry policy, breaker thresholds, per-domain quotas,
+        upstream keys and dispatcher settings (`LIVE`). What a running process can not
+        change (adding, removing or re-pointing a domain, the listener, log file, stores,
+        timeouts of open pools...) is named as needing a restart and left out.
         """
-        notes: list[str] = []
+        notes = describe_reload(self.runtime, new)
         old = {d.name: d for d in self.domains}
         new_specs = {d.name: d for d in new.domains}
         for name in sorted(set(old) ^ set(new_specs)):
-            notes.append(f"domain {name!r} added or removed: restart to apply")
+            notes.append(f"restart needed: domain {name!r} added or removed")
         for name, domain in old.items():
             spec = new_specs.get(name)
             if spec is None:
                 continue
             if spec.api_base != domain.spec.api_base:
-                notes.append(f"domain {name!r} api_base changed: restart to apply")
+                notes.append(f"restart needed: domain {name!r} api_base changed")
                 spec = dataclasses.replace(spec, api_base=domain.spec.api_base)
             if spec.api_key.get_secret_value() != domain.spec.api_key.get_secret_value():
-                notes.append(f"domain {name!r}: upstream key rotated")
-            self._retune(domain, spec)
+                notes.append(f"applied: domain {name!r} upstream key rotated")
+            self._retune(domain, spec, new.settings)
         keep = {d.name for d in self.domains}
         self.runtime = dataclasses.replace(
             new, domains=tuple(d.spec for d in self.domains if d.name in keep)
@@ -213,15 +216,47 @@ class Gateway:
         self.metrics.add_models(self._configured_models())
         logging.getLogger("tokengate").setLevel(new.settings.logging.level.upper())
         self._check_routes()
-        return notes
+        self._sync_gauges()
+        return notes + self.shadowing_overrides()
 
-    def _retune(self, domain: Domain, spec: DomainSpec) -> None:
+    def _retune(self, domain: Domain, spec: DomainSpec, settings: Settings) -> None:
+        sched = settings.token_scheduler
         domain.spec = spec
         domain.client.rekey(spec)
-        domain.dispatcher.max_inflight = spec.max_inflight
+        domain.dispatcher.retune(
+            group_size=sched.batch_size,
+            group_window_ms=sched.batch_window_ms,
+            queue_capacity=sched.queue_capacity,
+            max_queue_wait_ms=sched.max_queue_wait_ms,
+            max_inflight=spec.max_inflight,
+            batch_share=settings.batch.share,
+        )
+        domain.breaker.cfg = settings.breaker  # thresholds; its window keeps its length
+        domain.budget.ratio = settings.retry_policy.budget_ratio
+        domain.budget.min_retries = settings.retry_policy.budget_min_retries
         state, new = domain.dispatcher.pacer.state, self._pace_state(spec)
         if (new.configured, new.window) != (state.configured, state.window):
             domain.dispatcher.pacer = self.store.pacer(spec.name, new)
+
+    def shadowing_overrides(self) -> list[str]:
+        """The live limits (admin API) that hide what the files say for a key: a reload
+        changes the files' values, and an override keeps winning until it is cleared."""
+        notes = []
+        for alias, live in sorted(self.admission.overrides.items()):
+            key = self.keys.by_alias.get(alias)
+            if key is None:
+                notes.append(f"live limits of {alias!r} kept for a key the files no longer have")
+                continue
+            files = Limits(key.requests_per_minute, key.tokens_per_minute)
+            if files != live:
+                notes.append(
+                    f"key {alias!r}: the live limits set through the admin API "
+                    f"(requests_per_minute={live.requests_per_minute}, "
+                    f"tokens_per_minute={live.tokens_per_minute}) shadow the files' "
+                    f"({files.requests_per_minute}, {files.tokens_per_minute}); "
+                    f"DELETE /admin/keys/{alias}/limits returns to the files"
+                )
+        return notes
 
     def request_reload(self) -> None:
         """SIGHUP: re-read the files; an invalid configuration is refused, the old one stays."""
@@ -236,7 +271,7 @@ class Gateway:
             log.error("reload refused, keeping the running configuration:\n%s", exc.render())
             return
         notes = self.reload(new)
-        log.warning("configuration reloaded%s", "".join(f"; {n}" for n in notes))
+        log_reload(notes)
 
     def begin_drain(self) -> None:
         if not self.draining:
@@ -338,9 +373,8 @@ class Gateway:
         self._unresolved = unresolved
 
     async def _health_loop(self, domain: Domain) -> None:
-        interval = self.runtime.settings.health_check.interval_sec
-        while True:
-            await asyncio.sleep(interval)
+        while True:  # the interval is read each time: a reload may change it
+            await asyncio.sleep(self.runtime.settings.health_check.interval_sec)
             await self._probe(domain)
 
     async def _housekeeping(self) -> None:
@@ -349,7 +383,9 @@ class Gateway:
             for domain in self.domains:
                 await domain.dispatcher.pacer.sync()  # what other replicas learned
             self._sync_gauges()
-            self.admission.overrides.update(await self.store.housekeeping())
+            learned = await self.store.housekeeping()
+            if learned is not None:  # the whole shared set: a cleared override goes too
+                self.admission.overrides = learned
 
     async def _flush_ledger(self) -> None:
         """Settled requests reach the ledger's file every `ledger.flush_interval_sec`: a
@@ -384,7 +420,8 @@ class Gateway:
         return self.store.shared
 
     async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
-        """A live per-key limit (admin API), shared with every replica through Redis."""
+        """A live per-key limit (admin API), shared with every replica through Redis. It
+        wins over the files until `clear_key_limits` (README, "Precedence")."""
         current = self.admission.overrides.get(key.alias) or Limits(
             key.requests_per_minute, key.tokens_per_minute
         )
@@ -393,6 +430,21 @@ class Gateway:
         await self.store.save_override(key.alias, limits)
         log.warning("limits of key %s set live to %s", key.alias, limits)
         return limits
+
+    async def clear_key_limits(self, key: KeySpec) -> Limits | None:
+        """Drop a live per-key limit: the key's limits are the files' again, on every
+        replica. Returns the override that was cleared (None: there was none)."""
+        cleared = self.admission.overrides.pop(key.alias, None)
+        await self.store.delete_override(key.alias)
+        if cleared is not None:
+            log.warning(
+                "live limits of key %s cleared: back to the files' (%d requests/min, "
+                "%d tokens/min)",
+                key.alias,
+                key.requests_per_minute,
+                key.tokens_per_minute,
+            )
+        return cleared
 
 
 def _anonymous(settings: Any) -> KeySpec:

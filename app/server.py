@@ -70,6 +70,9 @@ def _supervisor(runtime: Runtime) -> Any:
     from app.bootstrap import reload_runtime
     from app.config.errors import ConfigError
     from app.metrics import mark_process_dead
+    from app.reload import describe_reload, log_reload
+
+    running = [runtime]  # what the workers run now: the baseline of the next reload
 
     class Supervisor(Multiprocess):
         """uvicorn's supervisor, but SIGHUP validates the files before replacing workers
@@ -78,12 +81,14 @@ def _supervisor(runtime: Runtime) -> Any:
 
         def handle_hup(self) -> None:
             try:
-                reload_runtime(runtime)
+                new = reload_runtime(runtime)
             except ConfigError as exc:
                 log.error(
                     "reload refused, workers keep the running configuration:\n%s", exc.render()
                 )
                 return
+            log_reload(describe_reload(running[0], new, replaced=True))
+            running[0] = new
             before = {p.pid for p in self.processes}
             super().handle_hup()
             for pid in before - {p.pid for p in self.processes}:

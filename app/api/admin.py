@@ -12,6 +12,7 @@ from app.api import views
 from app.api.deps import GatewayDep
 from app.errors import AuthenticationFailed, Conflict, NotFound
 from app.gateway import Gateway
+from app.runtime import KeySpec
 
 router = APIRouter(prefix="/admin")
 
@@ -50,8 +51,8 @@ class LimitsChange(BaseModel):
     tokens_per_minute: int | None = Field(None, gt=0)
 
 
-@router.put("/keys/{alias}/limits")
-async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
+def _live_key(gateway: Gateway, alias: str) -> KeySpec:
+    """The key a live limit change is about, if one can reach every worker."""
     key = gateway.keys.by_alias.get(alias)
     if key is None:
         raise NotFound(f"no gateway key with alias '{alias}'", param="alias")
@@ -62,9 +63,28 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
             "send SIGHUP",
             code="not_shared",
         )
+    return key
+
+
+@router.put("/keys/{alias}/limits")
+async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
+    key = _live_key(gateway, alias)
     limits = await gateway.set_key_limits(key, change.requests_per_minute, change.tokens_per_minute)
     return {
         "alias": alias,
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
+    }
+
+
+@router.delete("/keys/{alias}/limits")
+async def clear_limits(alias: str, gateway: AdminDep) -> dict[str, object]:
+    """Clear a live override: the key's limits are the files' again (on every replica)."""
+    key = _live_key(gateway, alias)
+    cleared = await gateway.clear_key_limits(key)
+    return {
+        "alias": alias,
+        "cleared": cleared is not None,
+        "requests_per_minute": key.requests_per_minute,
+        "tokens_per_minute": key.tokens_per_minute,
     }

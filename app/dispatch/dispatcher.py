@@ -138,6 +138,17 @@ class Dispatcher:
         self.batch_share = batch_share
         self._wake.set()  # more slots or a shorter window may release someone now
 
+    def settings(self) -> dict[str, object]:
+        """The settings in force (a reload changes them: `retune`), as configured."""
+        return {
+            "batch_size": self.group_size,
+            "batch_window_ms": self.window * 1000,
+            "queue_capacity": self.queue.capacity,
+            "max_queue_wait_ms": round(self.max_wait * 1000),
+            "max_inflight": self.max_inflight,
+            "batch_share": self.batch_share,
+        }
+
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"dispatch:{self.domain}")

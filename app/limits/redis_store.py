@@ -184,24 +184,28 @@ class RedisStore:
         value = f"{limits.requests_per_minute},{limits.tokens_per_minute}"
         await self._client.hset(f"{self.prefix}limits", key, value)
 
-    async def load_overrides(self) -> dict[str, Limits]:
-        """Live limits set on any replica (admin API); polled every second by each."""
+    async def delete_override(self, key: str) -> None:
+        await self._client.hdel(f"{self.prefix}limits", key)
+
+    async def load_overrides(self) -> dict[str, Limits] | None:
+        """Live limits set on any replica (admin API); polled every second by each.
+        None when Redis did not answer (what each replica holds stays)."""
         try:
             raw = await self._client.hgetall(f"{self.prefix}limits")
         except (RedisError, OSError) as exc:
             self._mark_down(exc)
-            return {}
+            return None
         out = {}
         for key, value in raw.items():
             rpm, _, tpm = str(value).partition(",")
             out[str(key)] = Limits(int(rpm), int(tpm))
         return out
 
-    async def housekeeping(self) -> dict[str, Limits]:
+    async def housekeeping(self) -> dict[str, Limits] | None:
         """Down: try to reconnect. Up: read the live limits (both one round trip)."""
         if not self.up:
             await self.probe()
-            return {}
+            return None
         return await self.load_overrides()
 
     def health(self) -> dict[str, object]:

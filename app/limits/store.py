@@ -54,9 +54,10 @@ class LimitStore(Protocol):
         """The pacer of a domain's upstream quota, kept where this store keeps limits."""
         ...
 
-    async def housekeeping(self) -> dict[str, Limits]:
-        """The gateway's once-a-second upkeep; returns the live per-key limits set on
-        other replicas since (empty when there are none to learn)."""
+    async def housekeeping(self) -> dict[str, Limits] | None:
+        """The gateway's once-a-second upkeep; returns every live per-key limit in force
+        on all replicas (None when there is nothing to learn: a local store, or Redis
+        unreachable), so an override cleared on another replica goes here too."""
         ...
 
     def health(self) -> dict[str, object]:
@@ -69,6 +70,10 @@ class LimitStore(Protocol):
 
     async def save_override(self, key: str, limits: Limits) -> None:
         """Keep a live per-key limit where the other replicas will find it."""
+        ...
+
+    async def delete_override(self, key: str) -> None:
+        """Forget a live per-key limit everywhere: the files' limits apply again."""
         ...
 
 
@@ -140,8 +145,8 @@ class MemoryStore:
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         return LocalPacer(state)
 
-    async def housekeeping(self) -> dict[str, Limits]:
-        return {}
+    async def housekeeping(self) -> dict[str, Limits] | None:
+        return None
 
     def health(self) -> dict[str, object]:
         return {}
@@ -151,3 +156,6 @@ class MemoryStore:
 
     async def save_override(self, key: str, limits: Limits) -> None:
         """Nothing to share: the admission's own overrides are the only copy."""
+
+    async def delete_override(self, key: str) -> None:
+        """Nothing shared to forget."""

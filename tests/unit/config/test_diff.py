@@ -1,0 +1,38 @@
+"""A reload names what changed, setting by setting, and never prints a secret."""
+
+from __future__ import annotations
+
+from app.config.diff import changes
+from app.config.schema import Settings
+
+
+def test_each_changed_field_is_named_with_its_values() -> None:
+    old = Settings.model_validate({"token_scheduler": {"batch_size": 16}})
+    new = Settings.model_validate(
+        {"token_scheduler": {"batch_size": 8}, "logging": {"output": "/var/log/tg.log"}}
+    )
+    assert [c.shown() for c in changes(old, new)] == [
+        "token_scheduler.batch_size 16 -> 8",
+        "logging.output 'stderr' -> '/var/log/tg.log'",
+    ]
+    assert changes(old, old) == []
+
+
+def test_secrets_lists_and_mappings_are_reported_changed_never_shown() -> None:
+    old = Settings.model_validate({"admin_key": "adm-old-secret-123", "keys": []})
+    new = Settings.model_validate(
+        {
+            "admin_key": "adm-new-secret-456",
+            "keys": [{"alias": "a", "key_sha256": "a" * 64}],
+            "model_aliases": {"x": "y"},
+            "redis": {"url": "redis://:pw-secret@r:6379/0"},
+        }
+    )
+    shown = [c.shown() for c in changes(old, new)]
+    assert shown == [
+        "keys (changed)",
+        "admin_key (changed)",
+        "model_aliases (changed)",
+        "redis.url (changed)",
+    ]
+    assert not any("secret" in line or "a" * 64 in line for line in shown)
