@@ -37,7 +37,12 @@ def changes(old: Settings, new: Settings) -> list[Change]:
 
 
 def _walk(prefix: str, old: object, new: object) -> Iterator[Change]:
-    if isinstance(old, BaseModel) and isinstance(new, BaseModel) and type(old) is type(new):
+    # Same fields, not the same class: each load binds its own subclass of `Settings`.
+    if (
+        isinstance(old, BaseModel)
+        and isinstance(new, BaseModel)
+        and type(old).model_fields.keys() == type(new).model_fields.keys()
+    ):
         for name in type(old).model_fields:
             yield from _walk(f"{prefix}{name}.", getattr(old, name), getattr(new, name))
         return

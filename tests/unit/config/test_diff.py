@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from app.config.diff import changes
 from app.config.schema import Settings
+from app.config.sources import ConfigFiles, load_settings
 
 
 def test_each_changed_field_is_named_with_its_values() -> None:
@@ -16,6 +19,16 @@ def test_each_changed_field_is_named_with_its_values() -> None:
         "logging.output 'stderr' -> '/var/log/tg.log'",
     ]
     assert changes(old, old) == []
+
+
+def test_settings_loaded_from_files_compare_field_by_field(tmp_path: Path) -> None:
+    files = ConfigFiles(tmp_path / "config.toml", tmp_path / "settings.json")
+    files.config.write_text("[token_scheduler]\nbatch_size = 16\n")
+    files.settings.write_text("{}")
+    old = load_settings(files, {})
+    files.config.write_text("[token_scheduler]\nbatch_size = 8\n")
+    new = load_settings(files, {})  # each load binds its own Settings subclass
+    assert [c.shown() for c in changes(old, new)] == ["token_scheduler.batch_size 16 -> 8"]
 
 
 def test_secrets_lists_and_mappings_are_reported_changed_never_shown() -> None:
