@@ -1,0 +1,116 @@
+"""What `serve` needs before it can serve, asked the way `serve` asks it.
+
+`tokengate check` runs these before it verifies the chain to the upstream, so a check
+that passes means `serve` will start: the log output (`app.log.output_problem`, the
+function `serve` calls), the listening address (`app.listen`, the socket `serve`
+binds) and the state stores `serve` opens at start, each opened here with the very
+class `serve` uses. A store configured later (a `database` section) adds its check
+to `STATE_CHECKS`: one function from the settings to a `Finding`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from app import listen
+from app.batch.store import BatchStore
+from app.config.schema import Settings
+from app.limits.ledger import Ledger
+from app.limits.redis_store import RedisStore
+from app.log import output_problem, redacted_url
+from app.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class Finding:
+    what: str  # "log output /var/log/x.log", "listen 127.0.0.1:8080", ...
+    problem: str | None = None  # None: fine
+    fix: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def log_output(runtime: Runtime) -> Finding:
+    output = runtime.settings.logging.output
+    found = output_problem(output, runtime.source)
+    if found is None:
+        return Finding(f"log output {output}")
+    return Finding(f"log output {output}", found.message, found.fix)
+
+
+def listening(host: str, port: int) -> Finding:
+    problem = listen.problem(host, port)
+    if problem is None:
+        return Finding(f"listen on {host}:{port}")
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        answer = httpx.get(f"http://{host}:{port}/health", timeout=1.0).json()
+        if answer == {"status": "ok"}:
+            problem += " (a tokengate answers /health there)"
+    return Finding("listen", problem)  # the problem names the address
+
+
+async def _ledger(settings: Settings) -> Finding:
+    ledger = Ledger(Path(settings.ledger.path), settings.ledger.flush_interval_sec)
+    return await _opens(f"usage ledger {settings.ledger.path}", ledger.start, ledger.close)
+
+
+async def _batches(settings: Settings) -> Finding:
+    store = BatchStore(Path(settings.batch.path))
+    return await _opens(f"batch store {settings.batch.path}", store.start, store.close)
+
+
+async def _redis(settings: Settings) -> Finding | None:
+    cfg = settings.redis
+    if cfg.url is None:
+        return None
+    url = cfg.url.get_secret_value()
+    store = RedisStore(url, prefix=cfg.key_prefix, timeout_ms=cfg.timeout_ms, max_connections=1)
+    what = f"redis {redacted_url(url)}"
+    try:
+        up = await store.probe()
+    finally:
+        with contextlib.suppress(Exception):
+            await store.close()
+    if up:
+        return Finding(what)
+    return Finding(
+        what,
+        f"no answer to PING within redis.timeout_ms ({cfg.timeout_ms} ms)",
+        "start Redis or fix redis.url / TOKENGATE_REDIS_URL; with redis.fail_mode=open serve "
+        "starts anyway and limits are not shared until it answers",
+    )
+
+
+async def _opens(
+    what: str, start: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]]
+) -> Finding:
+    try:
+        await start()
+        await close()
+    except Exception as exc:
+        return Finding(what, f"{type(exc).__name__}: {exc}", "fix the path or its permissions")
+    return Finding(what)
+
+
+# The stores `serve` opens at start, in that order.
+STATE_CHECKS: tuple[Callable[[Settings], Awaitable[Finding | None]], ...] = (
+    _ledger,
+    _batches,
+    _redis,
+)
+
+
+async def findings(runtime: Runtime, host: str, port: int) -> list[Finding]:
+    out = [log_output(runtime), listening(host, port)]
+    for check in STATE_CHECKS:
+        found = await check(runtime.settings)
+        if found is not None:
+            out.append(found)
+    return out
