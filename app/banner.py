@@ -16,11 +16,17 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import urlsplit
 
+from app.kinds import ApiStyle
 from app.log import redacted_url
 from app.runtime import DomainSpec, Runtime
 from app.upstream.proxyenv import Proxies
 
 _INDENT = "            "
+_DIALECTS = {
+    ApiStyle.OPENAI: "OpenAI API",
+    ApiStyle.ANTHROPIC: "Anthropic Messages API",
+    ApiStyle.BOTH: "OpenAI and Anthropic APIs",
+}
 
 
 def render(
@@ -66,7 +72,7 @@ def _domain(spec: DomainSpec, proxies: Proxies) -> list[str]:
     return [
         f"  domain    {spec.name}: models {models}",
         f"{_INDENT}upstream {redacted_url(spec.api_base)} {_route(spec.api_base, proxies)}; "
-        f"key from ${spec.api_key_env}; {spec.api_style} API; {', '.join(quota)}",
+        f"key from ${spec.api_key_env}; {_DIALECTS[spec.api_style]}; {', '.join(quota)}",
     ]
 
 

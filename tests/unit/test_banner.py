@@ -64,7 +64,7 @@ def test_the_banner_names_address_domains_routes_keys_state_and_logs(tmp_path: P
     assert "upstream https://taotoken.net/api (via proxy http://proxy.internal:3128" in text
     assert "600 requests/min" in text
     assert "domain    domain-b: models discovered from the upstream's /v1/models" in text
-    assert "key from $KEY_B; both API" in text
+    assert "key from $KEY_B; OpenAI and Anthropic APIs" in text
     assert "default model m-1; fallback m-2" in text
     assert "2 gateway keys (1 expired: old)" in text
     assert "shared through Redis redis://redis.internal:6379/0 (fail open)" in text
