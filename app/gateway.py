@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from app import tracing
 from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
@@ -73,7 +74,10 @@ class Gateway:
         self.divisor = 1 if self.store.shared else max(1, runtime.workers)
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
         self.admission = Admission(self.store, metrics, self.ledger, divisor=self.divisor)
-        self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
+        self.tracer = tracing.build(s.tracing, runtime.source)  # None unless tracing.enabled
+        self.pipeline = Pipeline(
+            runtime, self.domains, self.admission, metrics, self.spawn, tracer=self.tracer
+        )
         self.batch_store = BatchStore(Path(s.batch.path))
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
         self.batch_runner = BatchRunner(
@@ -309,6 +313,11 @@ class Gateway:
             await self.store.close()
         for domain in self.domains:
             await domain.client.close()
+        if self.tracer is not None:
+            try:  # the spans still buffered leave now (blocking: in a thread)
+                await asyncio.to_thread(self.tracer.shutdown)
+            except Exception as exc:
+                log.error("trace export at shutdown failed: %r", exc)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

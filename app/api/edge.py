@@ -91,4 +91,15 @@ class EdgeRoutes:
         if note is not None:
             note.model = call.model
             note.handled = True  # from here on the pipeline writes the request's line
-        return await gateway.pipeline.handle(call)
+        if gateway.tracer is None:
+            return await gateway.pipeline.handle(call)
+        return await gateway.pipeline.handle(call, _trace_headers(scope["headers"]))
+
+
+def _trace_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The client's W3C trace context, continued by the request's span (tracing on)."""
+    return {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in headers
+        if name in (b"traceparent", b"tracestate")
+    }

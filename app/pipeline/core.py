@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from itertools import chain
 
@@ -45,6 +45,7 @@ from app.pipeline.failure import client_error
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
+from app.tracing import AttemptSpan, Tracer
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.usage import parse_usage
@@ -65,12 +66,14 @@ class Pipeline:
         metrics: Metrics,
         spawn: Spawn,
         clock: Callable[[], float] = time.perf_counter,
+        tracer: Tracer | None = None,
     ) -> None:
         self.domains = domains
         self.admission = admission
         self.metrics = metrics
         self.spawn = spawn
         self.clock = clock
+        self.tracer = tracer  # None: tracing is off and costs an `is None` per call point
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -90,7 +93,8 @@ class Pipeline:
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
 
     # -- the entry point ----------------------------------------------------------
-    async def handle(self, call: ClientRequest) -> Answer:
+    async def handle(self, call: ClientRequest, carrier: Mapping[str, str] | None = None) -> Answer:
+        """`carrier`: the client's W3C trace headers, when tracing is on."""
         trace = Trace(
             call.request_id,
             call.key.alias,
@@ -99,6 +103,16 @@ class Pipeline:
             call.stream,
             call.started or self.clock(),
         )
+        if self.tracer is not None:
+            trace.span = self.tracer.request(
+                call.endpoint.name,
+                call.endpoint.path,
+                call.model or self.runtime.default_model,
+                call.request_id,
+                call.max_tokens,
+                call.stream,
+                carrier,
+            )
         try:
             requested, first = self._plan(call)
             ticket = await self.admission.admit(call.key, call.cost(self.default_max_tokens))
@@ -204,8 +218,12 @@ class Pipeline:
     ) -> tuple[Reply, Slot]:
         trace.domain = domain.name  # the domain that answers, or the last one that refused
         queued = self.clock()
-        slot = await domain.dispatcher.acquire(
-            call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
+        slot = await self._waited(
+            trace,
+            domain,
+            domain.dispatcher.acquire(
+                call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
+            ),
         )
         trace.queue_ms += (self.clock() - queued) * 1000
         body = call.body_for(model)
@@ -243,9 +261,17 @@ class Pipeline:
         self.metrics.record_throttled(domain.name, cooled)
         queued = self.clock()
         try:
-            return await domain.dispatcher.requeue(slot)
+            return await self._waited(trace, domain, domain.dispatcher.requeue(slot))
         finally:
             trace.queue_ms += (self.clock() - queued) * 1000
+
+    @staticmethod
+    async def _waited(trace: Trace, domain: Domain, wait: Awaitable[Slot]) -> Slot:
+        """A wait for a dispatch slot, in a span of its own while tracing."""
+        if trace.span is None:
+            return await wait
+        with trace.span.queue(domain.name):
+            return await wait
 
     async def _attempt(
         self, call: ClientRequest, model: str, domain: Domain, body: bytes, n: int, trace: Trace
@@ -253,10 +279,13 @@ class Pipeline:
         if not domain.breaker.allows():
             raise AttemptFailed(Reason.CIRCUIT_OPEN, retryable=False, detail=domain.name)
         t0 = self.clock()
+        span = None
+        if trace.span is not None:
+            span = trace.span.attempt(n, domain.name, model, domain.spec.api_base)
         try:
-            reply = await self._send(call, domain, body)
+            reply = await self._send(call, domain, body, span)
         except AttemptFailed as failure:
-            self._record_attempt(domain, trace, n, model, failure.reason, t0)
+            self._record_attempt(domain, trace, n, model, failure.reason, t0, span, failure.status)
             if failure.reason in _NOT_A_VERDICT:
                 domain.breaker.release_probe()  # says nothing of the upstream's health
                 if failure.reason is Reason.INSUFFICIENT_QUOTA:
@@ -265,23 +294,27 @@ class Pipeline:
                 domain.breaker.record(not failure.upstream_fault)
             raise
         except BaseException:
-            self._record_attempt(domain, trace, n, model, "cancelled", t0)
+            self._record_attempt(domain, trace, n, model, "cancelled", t0, span)
             domain.breaker.release_probe()
             raise
-        self._record_attempt(domain, trace, n, model, "ok", t0)
+        self._record_attempt(domain, trace, n, model, "ok", t0, span, reply.response.status)
         domain.breaker.record(True)
         if domain.quota_exhausted:
             domain.note_quota(False)
         domain.observe_latency(self.clock() - t0)
         return reply
 
-    async def _send(self, call: ClientRequest, domain: Domain, body: bytes) -> Reply:
+    async def _send(
+        self, call: ClientRequest, domain: Domain, body: bytes, span: AttemptSpan | None = None
+    ) -> Reply:
         resp = await domain.client.send(
             call.endpoint.path,
             body,
             stream=call.stream,
             request_id=call.request_id,
-            client_headers=call.client_headers,
+            client_headers=call.client_headers
+            if span is None
+            else span.outgoing(call.client_headers),
         )
         advertised = rate_headers(resp.headers)
         if resp.status != 429:
@@ -313,12 +346,22 @@ class Pipeline:
         self.metrics.record_cooldown(domain.name, cooled)
 
     def _record_attempt(
-        self, domain: Domain, trace: Trace, n: int, model: str, outcome: str, t0: float
+        self,
+        domain: Domain,
+        trace: Trace,
+        n: int,
+        model: str,
+        outcome: str,
+        t0: float,
+        span: AttemptSpan | None = None,
+        status: int | None = None,
     ) -> None:
         ms = (self.clock() - t0) * 1000
         trace.upstream_ms += ms
         trace.attempts.append(Attempt(n, domain.name, model, outcome, ms))
         self.metrics.record_attempt(domain.name, outcome)
+        if span is not None:
+            span.end(outcome, status)
 
     # -- errors --------------------------------------------------------------------------
     def _no_domain(self, model: str, candidates: list[Domain]) -> ServiceUnavailable:
@@ -394,6 +437,8 @@ class Pipeline:
             self.metrics.record_answer(domain, model, usage, status, seconds)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
+        if trace.span is not None:
+            trace.span.end(trace, status)
 
 
 def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> AttemptFailed:

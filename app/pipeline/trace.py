@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.tracing import RequestSpan
+
 
 @dataclass
 class Attempt:
@@ -46,6 +48,7 @@ class Trace:
     estimated: bool = False
     fallback: bool = False
     attempts: list[Attempt] = field(default_factory=list)
+    span: RequestSpan | None = None  # only while tracing is on (`app.tracing`)
 
     @property
     def dispatched(self) -> bool:
