@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import unquote, urlsplit
 
@@ -108,7 +108,10 @@ class OtelTracer:
 
 
 class OtelRequest:
-    __slots__ = ("_anthropic", "_context", "_op", "_owner", "span")
+    """A request's span. Not sampled, it makes no children (they would not be sampled
+    either): its own context, sampled flag off, is what goes upstream then."""
+
+    __slots__ = ("_anthropic", "_context", "_op", "_owner", "recording", "span")
 
     def __init__(self, owner: OtelTracer, span: Span, op: str, anthropic: bool) -> None:
         self._owner = owner
@@ -116,9 +119,13 @@ class OtelRequest:
         self._op = op
         self._anthropic = anthropic
         self._context: Context = set_span_in_context(span)
+        self.recording = span.is_recording()
+
+    def queue(self, domain: str) -> AbstractContextManager[None]:
+        return self._queue(domain) if self.recording else nullcontext()
 
     @contextmanager
-    def queue(self, domain: str) -> Iterator[None]:
+    def _queue(self, domain: str) -> Iterator[None]:
         span = self._owner.tracer.start_span(
             "queue wait",
             context=self._context,
@@ -140,6 +147,8 @@ class OtelRequest:
             span.end()
 
     def attempt(self, n: int, domain: str, model: str, base: str) -> OtelAttempt:
+        if not self.recording:
+            return OtelAttempt(self.span, self._owner.propagate, owned=False)
         parts = urlsplit(base)
         attributes: dict[str, str | int] = {
             "gen_ai.operation.name": self._op,
@@ -183,11 +192,12 @@ class OtelRequest:
 
 
 class OtelAttempt:
-    __slots__ = ("_propagate", "span")
+    __slots__ = ("_owned", "_propagate", "span")
 
-    def __init__(self, span: Span, propagate: bool) -> None:
-        self.span = span
+    def __init__(self, span: Span, propagate: bool, *, owned: bool = True) -> None:
+        self.span = span  # not `owned`: the unsampled request's own span, ended by it
         self._propagate = propagate
+        self._owned = owned
 
     def outgoing(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         if not self._propagate:
@@ -197,6 +207,8 @@ class OtelAttempt:
         return carrier
 
     def end(self, outcome: str, status: int | None) -> None:
+        if not self._owned:
+            return
         span = self.span
         span.set_attribute("tokengate.outcome", outcome)
         if status is not None:

@@ -45,7 +45,7 @@ from app.pipeline.failure import client_error
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
-from app.tracing import AttemptSpan, Tracer
+from app.tracing import AttemptSpan, RequestSpan, Tracer
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.usage import parse_usage
@@ -218,13 +218,10 @@ class Pipeline:
     ) -> tuple[Reply, Slot]:
         trace.domain = domain.name  # the domain that answers, or the last one that refused
         queued = self.clock()
-        slot = await self._waited(
-            trace,
-            domain,
-            domain.dispatcher.acquire(
-                call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
-            ),
+        wait = domain.dispatcher.acquire(
+            call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
         )
+        slot = await (wait if trace.span is None else _traced(trace.span, domain, wait))
         trace.queue_ms += (self.clock() - queued) * 1000
         body = call.body_for(model)
         domain.budget.record_request()
@@ -261,17 +258,10 @@ class Pipeline:
         self.metrics.record_throttled(domain.name, cooled)
         queued = self.clock()
         try:
-            return await self._waited(trace, domain, domain.dispatcher.requeue(slot))
+            wait = domain.dispatcher.requeue(slot)
+            return await (wait if trace.span is None else _traced(trace.span, domain, wait))
         finally:
             trace.queue_ms += (self.clock() - queued) * 1000
-
-    @staticmethod
-    async def _waited(trace: Trace, domain: Domain, wait: Awaitable[Slot]) -> Slot:
-        """A wait for a dispatch slot, in a span of its own while tracing."""
-        if trace.span is None:
-            return await wait
-        with trace.span.queue(domain.name):
-            return await wait
 
     async def _attempt(
         self, call: ClientRequest, model: str, domain: Domain, body: bytes, n: int, trace: Trace
@@ -439,6 +429,13 @@ class Pipeline:
             access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
         if trace.span is not None:
             trace.span.end(trace, status)
+
+
+async def _traced(span: RequestSpan, domain: Domain, wait: Awaitable[Slot]) -> Slot:
+    """A wait for a dispatch slot, in a span of its own (tracing on only: off, the wait
+    is awaited directly, without this extra frame)."""
+    with span.queue(domain.name):
+        return await wait
 
 
 def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> AttemptFailed:
