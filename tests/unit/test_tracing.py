@@ -67,3 +67,30 @@ def test_export_headers_are_parsed_as_the_otel_variable_is() -> None:
 )
 def test_each_endpoint_has_its_genai_operation_name(endpoint: str, op: str) -> None:
     assert operation(endpoint) == op
+
+
+def test_an_unsampled_request_makes_no_children_and_still_propagates() -> None:
+    from app.otel import OtelTracer
+
+    tracer = OtelTracer(
+        TracingConfig(enabled=True, sample_ratio=0.0, endpoint="http://127.0.0.1:9/v1/traces")
+    )
+    try:
+        parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"  # not sampled
+        span = tracer.request("chat", "/v1/chat/completions", "m", "req_1", 8, False, None)
+        child = tracer.request(
+            "chat", "/v1/chat/completions", "m", "req_2", 8, False, {"traceparent": parent}
+        )
+        for request in (span, child):
+            assert not request.recording
+            with request.queue("d"):  # a no-op context
+                pass
+            sent = request.attempt(1, "d", "m", "http://up:1").outgoing({"x": "1"})
+            flags = int(sent["traceparent"].rsplit("-", 1)[1], 16)
+            assert sent["x"] == "1" and flags & 1 == 0  # the sampled flag is off
+        assert (
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+            in child.attempt(1, "d", "m", "http://u").outgoing({})["traceparent"]
+        )  # the client's trace carries on, unsampled
+    finally:
+        tracer.shutdown()
