@@ -110,6 +110,7 @@ class Gateway:
 
     def _build_domain(self, spec: DomainSpec) -> Domain:
         s = self.runtime.settings
+        self.metrics.add_domain(spec.name)
         sched, policy = s.token_scheduler, s.retry_policy
         dispatcher = Dispatcher(
             spec.name,

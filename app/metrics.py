@@ -309,6 +309,11 @@ class Metrics:
     def record_queue_wait(self, domain: str, seconds: float) -> None:
         self._child(self.queue_wait, domain).observe(seconds)
 
+    def add_domain(self, domain: str) -> None:
+        """Start a domain's event counters at 0, so `rate()` and `increase()` see their
+        first event (a series that appears at 1 hides it)."""
+        self._child(self.queue_full, domain)
+
     def record_queue_full(self, domain: str) -> None:
         self._child(self.queue_full, domain).inc()
 

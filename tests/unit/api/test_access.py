@@ -172,6 +172,10 @@ async def test_a_full_queue_is_counted_under_its_domain(
 
     sched = {"token_scheduler": {"queue_capacity": 1, "max_inflight": 1}}
     client, metrics = await build(sched, handler=slow)  # type: ignore[arg-type]
+    # the counter exists from the start, so rate() and increase() see the first refusal
+    assert (
+        metrics.registry.get_sample_value("tokengate_queue_full_total", {"domain": "default"}) == 0
+    )
     busy = [
         asyncio.ensure_future(client.post("/v1/chat/completions", json=CHAT, headers=auth(GOOD)))
         for _ in range(2)
