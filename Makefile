@@ -35,8 +35,9 @@ define apt
 	done
 endef
 
-system-deps: ## install redis-server and promtool (Debian packages) when missing
-	$(call apt,redis-server:redis-server promtool:prometheus)
+system-deps: ## install redis-server, promtool, chromium and PostgreSQL (Debian packages) when missing
+	$(call apt,redis-server:redis-server promtool:prometheus chromium:chromium)
+	$(call apt,pg_ctlcluster:postgresql)
 
 bench-deps: system-deps ## also install nginx and wrk (Debian packages) when missing
 	$(call apt,nginx:nginx wrk:wrk)

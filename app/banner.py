@@ -113,7 +113,10 @@ def _keys(runtime: Runtime, now: datetime) -> str:
 
 
 def _state(runtime: Runtime) -> list[str]:
-    """Where shared and durable state lives. A database section adds its line here."""
+    """Where shared and durable state lives: hot limits (in-process or Redis), and the
+    database of the ledger, batches and live key limits (named without a password)."""
+    from app.db.url import database_url, where  # SQLAlchemy: `serve` has loaded it already
+
     s = runtime.settings
     if s.redis.url is not None:
         url = redacted_url(s.redis.url.get_secret_value())
@@ -122,7 +125,8 @@ def _state(runtime: Runtime) -> list[str]:
         limits = f"limits and quotas in-process, split 1/{runtime.workers} per worker"
     else:
         limits = "limits and quotas in-process"
-    return [limits, f"ledger SQLite {s.ledger.path}", f"batches SQLite {s.batch.path}"]
+    durable = f"ledger, batches and live limits in {where(database_url(s.database))}"
+    return [limits, durable]
 
 
 def _logs(runtime: Runtime) -> str:

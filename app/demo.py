@@ -169,8 +169,7 @@ def _environment(sim_port: int, upstream_key: str, key: str) -> dict[str, str]:
         # the seed's single domain speaks both dialects here: /v1/messages works too
         TOKENGATE_SCALE_UP__API_STYLE="both",
         TOKENGATE_LOGGING__OUTPUT=str(VAR / "demo-gateway.log"),
-        TOKENGATE_LEDGER__PATH=str(VAR / "demo-ledger.sqlite3"),
-        TOKENGATE_BATCH__PATH=str(VAR / "demo-batches.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(VAR / "demo-tokengate.sqlite3"),
     )
     return env
 

@@ -4,8 +4,10 @@
 that passes means `serve` will start: the log output (`app.log.output_problem`, the
 function `serve` calls), the listening address (`app.listen`, the socket `serve`
 binds) and the state stores `serve` opens at start, each opened here with the very
-class `serve` uses. A store configured later (a `database` section) adds its check
-to `STATE_CHECKS`: one function from the settings to a `Finding`.
+classes `serve` uses: the database (reachable, and a schema `serve` accepts: at this
+tokengate's head, or empty, which `serve` creates) and Redis when configured. A store
+added later adds its check to `STATE_CHECKS`: one function from the settings to a
+`Finding`.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
 from app import listen
-from app.batch.store import BatchStore
 from app.config.schema import Settings
-from app.limits.ledger import Ledger
+from app.db import migrate
+from app.db.commands import open_database
+from app.db.engine import DatabaseUnavailable
+from app.db.errors import DatabaseProblem
 from app.limits.redis_store import RedisStore
 from app.log import output_problem, redacted_url
 from app.runtime import Runtime
@@ -56,14 +59,30 @@ def listening(host: str, port: int) -> Finding:
     return Finding("listen", problem)  # the problem names the address
 
 
-async def _ledger(settings: Settings) -> Finding:
-    ledger = Ledger(Path(settings.ledger.path), settings.ledger.flush_interval_sec)
-    return await _opens(f"usage ledger {settings.ledger.path}", ledger.start, ledger.close)
-
-
-async def _batches(settings: Settings) -> Finding:
-    store = BatchStore(Path(settings.batch.path))
-    return await _opens(f"batch store {settings.batch.path}", store.start, store.close)
+async def _database(settings: Settings) -> Finding:
+    """The check `serve` makes before it binds (`app.db.commands.prepare_for_serve`),
+    without creating anything: an empty database is fine, `serve` creates its schema."""
+    try:
+        db = open_database(settings)
+    except DatabaseProblem as exc:
+        return Finding(f"database {settings.database.path}", str(exc))
+    what = f"database {db.where}"
+    try:
+        found = await migrate.state(db)
+        if found.current is not None:
+            migrate.check(found, db.where)
+    except DatabaseUnavailable as exc:
+        return Finding(
+            what,
+            str(exc),
+            "check database.url / TOKENGATE_DATABASE_URL (or database.path) and that the "
+            "database server is up and reachable from here",
+        )
+    except migrate.SchemaError as exc:
+        return Finding(what, str(exc))
+    finally:
+        await db.close()
+    return Finding(what + (" (empty: serve creates the schema)" if found.empty else ""))
 
 
 async def _redis(settings: Settings) -> Finding | None:
@@ -88,21 +107,9 @@ async def _redis(settings: Settings) -> Finding | None:
     )
 
 
-async def _opens(
-    what: str, start: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]]
-) -> Finding:
-    try:
-        await start()
-        await close()
-    except Exception as exc:
-        return Finding(what, f"{type(exc).__name__}: {exc}", "fix the path or its permissions")
-    return Finding(what)
-
-
 # The stores `serve` opens at start, in that order.
 STATE_CHECKS: tuple[Callable[[Settings], Awaitable[Finding | None]], ...] = (
-    _ledger,
-    _batches,
+    _database,
     _redis,
 )
 

@@ -29,8 +29,10 @@ from starlette.types import Scope
 from app.errors import GatewayError, KeyExpired
 from app.metrics import Metrics
 from app.pipeline.core import NO_DOMAIN, access_log
+from app.status.recent import Failure
 
 ANONYMOUS = "anonymous"
+_LEFT = "the client closed the connection before the answer ended"
 CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer
 _QUIET = frozenset({"/health", "/health/ready", "/metrics"})
 
@@ -38,13 +40,14 @@ _QUIET = frozenset({"/health", "/health/ready", "/metrics"})
 class AccessNote:
     """What the layers of one request learned about it, for its access-log line."""
 
-    __slots__ = ("endpoint", "error", "handled", "key", "model")
+    __slots__ = ("endpoint", "error", "handled", "key", "message", "model")
 
     def __init__(self) -> None:
         self.key = ANONYMOUS
         self.endpoint: str | None = None
         self.model: str | None = None
         self.error: str | None = None
+        self.message: str | None = None  # the refusal's own message (written for clients)
         self.handled = False  # the pipeline writes this request's line itself
 
 
@@ -64,6 +67,7 @@ def refused(scope: Scope, exc: GatewayError) -> None:
     alias too: the key was right, only late)."""
     if (note := note_of(scope)) is not None:
         note.error = exc.code or exc.type
+        note.message = exc.message
         if isinstance(exc, KeyExpired):
             note.key = exc.alias
 
@@ -88,6 +92,10 @@ class AccessRecorder:
             return
         error = note.error or ("client_closed" if status is None else None)
         self.metrics.record_refused(NO_DOMAIN, note.model, code)
+        if code >= 400:  # the status page's recent errors, as the pipeline's are
+            message = note.message or (_LEFT if status is None else f"HTTP {code}")
+            failure = Failure(request_id, note.key, note.model, None, code, error, message)
+            self.metrics.record_error(failure)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("request", extra={"fields": _fields(note, request_id, code, error, ms)})
 

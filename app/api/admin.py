@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hmac
+from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api import views
 from app.api.deps import GatewayDep
-from app.errors import AuthenticationFailed, Conflict, NotFound
+from app.db.engine import DatabaseUnavailable
+from app.db.usage import UsageQuery
+from app.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
 from app.gateway import Gateway
 from app.runtime import KeySpec
 
@@ -34,10 +37,44 @@ AdminDep = Annotated[Gateway, Depends(_admin)]
 
 
 @router.get("/usage")
-async def usage(gateway: AdminDep) -> dict[str, object]:
+async def usage(
+    gateway: AdminDep,
+    start: Annotated[str | None, Query(alias="from")] = None,
+    end: Annotated[str | None, Query(alias="to")] = None,
+) -> dict[str, object]:
+    """The ledger per key and model; `from` (inclusive) and `to` (exclusive) are ISO 8601
+    instants (UTC if no zone) or epoch seconds."""
+    query = UsageQuery(start=_instant(start, "from"), end=_instant(end, "to"))
     await gateway.settled()
-    rows = await gateway.ledger.rows()
-    return {"object": "list", "data": [r.as_dict() for r in rows]}
+    try:
+        rows = await gateway.ledger.report(query)
+    except DatabaseUnavailable:
+        raise ServiceUnavailable(
+            "the usage ledger's database is unreachable; usage is kept and written when it "
+            "returns (see /health/ready)",
+            code="database_unavailable",
+            retry_after=5.0,
+        ) from None
+    return {"object": "list", "data": rows}
+
+
+def _instant(value: str | None, param: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest(
+            f"'{param}' must be an ISO 8601 instant (2025-01-31T00:00:00Z) or epoch seconds",
+            param=param,
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp())
 
 
 @router.get("/status")
@@ -51,25 +88,31 @@ class LimitsChange(BaseModel):
     tokens_per_minute: int | None = Field(None, gt=0)
 
 
-def _live_key(gateway: Gateway, alias: str) -> KeySpec:
-    """The key a live limit change is about, if one can reach every worker."""
+def _key(gateway: Gateway, alias: str) -> KeySpec:
     key = gateway.keys.by_alias.get(alias)
     if key is None:
         raise NotFound(f"no gateway key with alias '{alias}'", param="alias")
-    if not gateway.limits_shared and gateway.runtime.workers > 1:
-        raise Conflict(
-            "with --workers N and no Redis each worker holds its own limits, so a live change "
-            "would reach one worker only: set TOKENGATE_REDIS_URL, or edit settings.json and "
-            "send SIGHUP",
-            code="not_shared",
-        )
     return key
+
+
+def _database_down() -> ServiceUnavailable:
+    return ServiceUnavailable(
+        "live limits are kept in the database, which is unreachable: try again, or edit "
+        "settings.json and send SIGHUP",
+        code="database_unavailable",
+        retry_after=5.0,
+    )
 
 
 @router.put("/keys/{alias}/limits")
 async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
-    key = _live_key(gateway, alias)
-    limits = await gateway.set_key_limits(key, change.requests_per_minute, change.tokens_per_minute)
+    key = _key(gateway, alias)
+    try:
+        limits = await gateway.set_key_limits(
+            key, change.requests_per_minute, change.tokens_per_minute
+        )
+    except DatabaseUnavailable:
+        raise _database_down() from None
     return {
         "alias": alias,
         "requests_per_minute": limits.requests_per_minute,
@@ -80,8 +123,11 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
 @router.delete("/keys/{alias}/limits")
 async def clear_limits(alias: str, gateway: AdminDep) -> dict[str, object]:
     """Clear a live override: the key's limits are the files' again (on every replica)."""
-    key = _live_key(gateway, alias)
-    cleared = await gateway.clear_key_limits(key)
+    key = _key(gateway, alias)
+    try:
+        cleared = await gateway.clear_key_limits(key)
+    except DatabaseUnavailable:
+        raise _database_down() from None
     return {
         "alias": alias,
         "cleared": cleared is not None,

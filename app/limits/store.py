@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.limits.bucket import Bucket, Decision, Limits, decide
+from app.limits.bucket import Bucket, Decision, Limits, Remaining, decide
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
@@ -54,10 +54,9 @@ class LimitStore(Protocol):
         """The pacer of a domain's upstream quota, kept where this store keeps limits."""
         ...
 
-    async def housekeeping(self) -> dict[str, Limits] | None:
-        """The gateway's once-a-second upkeep; returns every live per-key limit in force
-        on all replicas (None when there is nothing to learn: a local store, or Redis
-        unreachable), so an override cleared on another replica goes here too."""
+    async def housekeeping(self) -> dict[str, Limits]:
+        """The gateway's once-a-second upkeep; returns the live per-key limits set on
+        other replicas since (empty when there are none to learn)."""
         ...
 
     def health(self) -> dict[str, object]:
@@ -72,8 +71,14 @@ class LimitStore(Protocol):
         """Keep a live per-key limit where the other replicas will find it."""
         ...
 
-    async def delete_override(self, key: str) -> None:
-        """Forget a live per-key limit everywhere: the files' limits apply again."""
+    def peek(self, key: str, limits: Limits) -> Remaining | None:
+        """What is left of a key's limits now, if this process knows it without I/O
+        (the status page); None when only the shared store knows."""
+        ...
+
+    async def replicas(self) -> dict[str, float]:
+        """The other replicas sharing this store and when each last showed signs of life
+        (unix seconds); none for a store of one process."""
         ...
 
 
@@ -107,6 +112,15 @@ class MemoryBuckets:
     def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
         b = self._get(key, limits)
         return decide(b.requests, b.tokens, cost, self.clock())
+
+    def peek(self, key: str, limits: Limits) -> Remaining:
+        """A key's buckets as they stand now, refilled but not touched (a key never seen
+        has its whole allowance)."""
+        found = self._keys.get(key)
+        if found is None:
+            return Remaining(limits.requests_per_minute, limits.tokens_per_minute)
+        now = self.clock()
+        return Remaining.projected(limits, found.requests.peek(now), found.tokens.peek(now), 0.0)
 
     def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         b = self._get(key, limits)
@@ -145,8 +159,8 @@ class MemoryStore:
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         return LocalPacer(state)
 
-    async def housekeeping(self) -> dict[str, Limits] | None:
-        return None
+    async def housekeeping(self) -> dict[str, Limits]:
+        return {}
 
     def health(self) -> dict[str, object]:
         return {}
@@ -157,5 +171,8 @@ class MemoryStore:
     async def save_override(self, key: str, limits: Limits) -> None:
         """Nothing to share: the admission's own overrides are the only copy."""
 
-    async def delete_override(self, key: str) -> None:
-        """Nothing shared to forget."""
+    def peek(self, key: str, limits: Limits) -> Remaining:
+        return self.buckets.peek(key, limits)
+
+    async def replicas(self) -> dict[str, float]:
+        return {}

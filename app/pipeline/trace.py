@@ -45,6 +45,7 @@ class Trace:
     upstream_ms: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     estimated: bool = False
     fallback: bool = False
     attempts: list[Attempt] = field(default_factory=list)

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from app.limits.estimate import TextCounter
+from app.upstream.usage import cached_tokens
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
@@ -35,6 +36,7 @@ class SseRelay:
         self.strip = strip_usage_chunk
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens = 0
         self.text = TextCounter()
         self.model: str | None = None
         self.saw_content = False
@@ -136,6 +138,7 @@ class SseRelay:
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            self.cached_tokens = cached_tokens(usage)
             if self.strip and not choices:
                 return False
         return True
@@ -147,6 +150,7 @@ class SseRelay:
                 self.model = message["model"]
             usage = message.get("usage") or {}
             self.prompt_tokens = _int(usage.get("input_tokens"))
+            self.cached_tokens = cached_tokens(usage)
         elif kind == "content_block_delta":
             text = (obj.get("delta") or {}).get("text")
             if isinstance(text, str) and text:

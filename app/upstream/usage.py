@@ -8,6 +8,7 @@ each sub-task's output is validated before it is billed (docs/design.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -20,6 +21,7 @@ class Usage:
     completion: int
     model: str | None
     reported: bool = True
+    cached: int = 0  # prompt tokens served from the upstream's prompt cache
 
 
 def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
@@ -36,8 +38,20 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
     if not isinstance(usage, dict):
         return Usage(0, 0, model, reported=False)
     if anthropic:
-        return Usage(_int(usage.get("input_tokens")), _int(usage.get("output_tokens")), model)
-    return Usage(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), model)
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return Usage(_int(prompt), _int(completion), model, cached=cached_tokens(usage))
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """Prompt tokens read from the upstream's cache: OpenAI's
+    `prompt_tokens_details.cached_tokens` (part of `prompt_tokens`) or Anthropic's
+    `cache_read_input_tokens` (which Anthropic counts apart from `input_tokens`)."""
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and "cached_tokens" in details:
+        return _int(details["cached_tokens"])
+    return _int(usage.get("cache_read_input_tokens"))
 
 
 def _int(value: object) -> int:

@@ -81,8 +81,7 @@ class _Instant:
 def _settings(home: Path, tracing: dict[str, Any] | None) -> Settings:
     data: dict[str, Any] = {
         "health_check": {"enabled": False},
-        "ledger": {"path": str(home / "ledger.sqlite3")},
-        "batch": {"path": str(home / "batches.sqlite3")},
+        "database": {"path": str(home / "tokengate.sqlite3")},
         "scale_up": {"models": ["m-1"]},
     }
     if tracing is not None:

@@ -72,8 +72,7 @@ def test_check_fails_with_the_fix_when_a_route_target_is_missing(
         # what `serve` needs on this host (check verifies it too): a log, a key, state files
         "TOKENGATE_LOGGING__OUTPUT": "stderr",
         "TOKENGATE_KEYS": json.dumps([{"alias": "a", "key_sha256": digest("tg-catalogue")}]),
-        "TOKENGATE_LEDGER__PATH": str(tmp_path / "ledger.sqlite3"),
-        "TOKENGATE_BATCH__PATH": str(tmp_path / "batches.sqlite3"),
+        "TOKENGATE_DATABASE__PATH": str(tmp_path / "tokengate.sqlite3"),
     }
     port = str(free_port())
     proc = subprocess.run(

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim, digest
+from tests.support.procs import ROOT, Gateway, GatewaySpec, Sim, digest
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-ops-key-0123456789"
@@ -24,7 +24,8 @@ BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "ping"}], "m
 
 
 def admin_gateway(make_gateway: Make, sim: Sim, **kw: object) -> Gateway:
-    spec = GatewaySpec(settings={"admin_key": ADMIN}, **kw)  # type: ignore[arg-type]
+    kw.setdefault("settings", {"admin_key": ADMIN})
+    spec = GatewaySpec(**kw)  # type: ignore[arg-type]
     return make_gateway(spec, sim.url)
 
 
@@ -108,11 +109,13 @@ def test_sighup_names_each_change_and_the_override_that_shadows_the_files(
     assert _key_limits(gw)["limits"]["requests_per_minute"] == 50  # the files' value
 
 
-def test_a_cleared_override_leaves_every_replica_sharing_redis(
-    sim: Sim, make_gateway: Make, redis: Redis
+def test_a_cleared_override_leaves_every_replica_sharing_the_database(
+    sim: Sim, make_gateway: Make, tmp_path: Path
 ) -> None:
-    env = {"TOKENGATE_REDIS_URL": redis.url}
-    one, two = (admin_gateway(make_gateway, sim, env=env) for _ in range(2))
+    shared = {"database": {"path": str(tmp_path / "shared.sqlite3")}}
+    one, two = (
+        admin_gateway(make_gateway, sim, settings={"admin_key": ADMIN, **shared}) for _ in range(2)
+    )
     r = httpx.put(
         f"{one.url}/admin/keys/alice/limits", headers=ADMIN_H, json={"requests_per_minute": 7}
     )

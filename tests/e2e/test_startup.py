@@ -86,8 +86,7 @@ def environment(tmp_path: Path, upstream: str, **extra: str) -> dict[str, str]:
         "TOKENGATE_API_ENDPOINT": upstream,
         "TOKENGATE_KEYS": json.dumps([{"alias": "a", "key_sha256": digest("tg-startup-key")}]),
         "TOKENGATE_LOGGING__OUTPUT": "stderr",
-        "TOKENGATE_LEDGER__PATH": str(tmp_path / "ledger.sqlite3"),
-        "TOKENGATE_BATCH__PATH": str(tmp_path / "batches.sqlite3"),
+        "TOKENGATE_DATABASE__PATH": str(tmp_path / "tokengate.sqlite3"),
         "TOKENGATE_HEALTH_CHECK__ENABLED": "false",
     }
     env.update(extra)
@@ -135,18 +134,20 @@ def test_check_says_when_a_configured_store_can_not_be_opened(sim: Sim, tmp_path
         tmp_path,
         sim.url,
         TOKENGATE_REDIS_URL=f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0",
-        TOKENGATE_LEDGER__PATH=str(blocker / "ledger.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(blocker / "tokengate.sqlite3"),
     )
     checked = cli(env, "check", "--port", str(free_port()))
     assert checked.returncode == 1
     out = checked.stdout
-    assert f"FAILED: usage ledger {blocker / 'ledger.sqlite3'}: " in out
+    assert f"FAILED: database {blocker / 'tokengate.sqlite3'}: database.path " in out
+    assert "its directory can not be created" in out
     assert "FAILED: redis redis://127.0.0.1:" in out and "no answer to PING" in out
     assert "s3cret-pw" not in out
-    # and serve, on the same ledger path, does not start either
+    # and serve, on the same database path, does not start either
     served = cli(env, "serve", "--port", str(free_port()), timeout=60)
-    assert served.returncode != 0
-    assert "start-up failed" in served.stderr
+    assert served.returncode == 2
+    assert "its directory can not be created" in served.stderr
+    assert "Traceback" not in served.stderr
 
 
 def test_check_shows_each_probe_as_it_ends_and_how_long_a_timeout_waited(
@@ -163,3 +164,16 @@ def test_check_shows_each_probe_as_it_ends_and_how_long_a_timeout_waited(
     assert f"timeout: no answer from {stuck.url} within 0.4 s (token_scheduler.timeout_ms)" in (
         timed_out.stdout
     )
+
+
+def test_check_says_when_the_database_serve_needs_is_unreachable(sim: Sim, tmp_path: Path) -> None:
+    port = free_port()
+    env = environment(
+        tmp_path, sim.url, TOKENGATE_DATABASE_URL=f"postgresql://gw:pg-pw-4242@127.0.0.1:{port}/tg"
+    )
+    checked = cli(env, "check", "--port", str(free_port()))
+    assert checked.returncode == 1
+    assert f"FAILED: database postgresql://gw:***@127.0.0.1:{port}/tg: database " in checked.stdout
+    assert "unreachable" in checked.stdout and "pg-pw-4242" not in checked.stdout
+    served = cli(env, "serve", "--port", str(free_port()), timeout=60)
+    assert served.returncode == 2 and "unreachable" in served.stderr

@@ -17,8 +17,7 @@ UPSTREAM_KEY = "sk-upstream-banner-0123456789"
 def runtime(tmp_path: Path, data: dict[str, object], **kw: Any) -> Runtime:
     settings = Settings.model_validate(
         {
-            "ledger": {"path": str(tmp_path / "ledger.sqlite3")},
-            "batch": {"path": str(tmp_path / "batches.sqlite3")},
+            "database": {"path": str(tmp_path / "tokengate.sqlite3")},
             **data,
         }
     )
@@ -49,6 +48,7 @@ def test_the_banner_names_address_domains_routes_keys_state_and_logs(tmp_path: P
             "model_route": {"default": "m-1", "fallback": "m-2"},
             "logging": {"output": str(tmp_path / "gw.log")},
             "redis": {"url": "redis://:hunter2-secret@redis.internal:6379/0"},
+            "database": {"url": "postgresql://gw:pg-secret-pw@db.internal:5432/tokengate"},
         },
     )
     text = render(
@@ -68,8 +68,16 @@ def test_the_banner_names_address_domains_routes_keys_state_and_logs(tmp_path: P
     assert "default model m-1; fallback m-2" in text
     assert "2 gateway keys (1 expired: old)" in text
     assert "shared through Redis redis://redis.internal:6379/0 (fail open)" in text
+    assert "live limits in postgresql://gw:***@db.internal:5432/tokengate" in text
     assert f"JSON lines to {tmp_path / 'gw.log'}, level info" in text
-    for secret in (UPSTREAM_KEY, "sk-b-0123456789", "hunter2", "proxypass", "proxyuser"):
+    for secret in (
+        UPSTREAM_KEY,
+        "sk-b-0123456789",
+        "hunter2",
+        "proxypass",
+        "proxyuser",
+        "pg-secret",
+    ):
         assert secret not in text
 
 
@@ -79,3 +87,4 @@ def test_without_redis_or_auth_the_banner_says_so(tmp_path: Path) -> None:
     assert "AUTHENTICATION IS OFF" in text
     assert "limits and quotas in-process, split 1/3 per worker" in text
     assert "(direct)" in text and "JSON lines to stderr" in text
+    assert f"live limits in sqlite:{tmp_path / 'tokengate.sqlite3'}" in text

@@ -35,7 +35,7 @@ async def test_a_reload_applies_the_dispatcher_settings_to_the_running_queues(
         "max_queue_wait_ms": 1500,
         "max_inflight": 5,
     }
-    batch = {"share": 0.25, "path": str(tmp_path / "batches.sqlite3")}
+    batch = {"share": 0.25}
     notes = gateway.reload(
         runtime(tmp_path, {"keys": [ALICE], "token_scheduler": sched, "batch": batch})
     )
@@ -74,6 +74,7 @@ async def test_an_override_that_shadows_the_files_is_listed_until_cleared(
     make_local_gateway: MakeGateway, tmp_path: Path
 ) -> None:
     gateway = make_local_gateway({"keys": [ALICE]})
+    await gateway.start()  # the database's schema: live limits are kept there
     key = gateway.keys.by_alias["alice"]
     await gateway.set_key_limits(key, 5, None)
     edited = {**ALICE, "requests_per_minute": 300}
