@@ -115,17 +115,19 @@ def _keys(runtime: Runtime, now: datetime) -> str:
 def _state(runtime: Runtime) -> list[str]:
     """Where shared and durable state lives: hot limits (in-process or Redis), and the
     database of the ledger, batches and live key limits (named without a password)."""
-    from app.db.url import database_url, where  # SQLAlchemy: `serve` has loaded it already
+    from app.db.url import database_url  # SQLAlchemy: `serve` has loaded it already
+    from app.db.url import where as db_where
 
     s = runtime.settings
-    if s.redis.url is not None:
-        url = redacted_url(s.redis.url.get_secret_value())
-        limits = f"limits and quotas shared through Redis {url} (fail {s.redis.fail_mode})"
+    target = s.redis.target()
+    if target is not None:
+        where = target.where()  # shape and addresses, never a credential
+        limits = f"limits and quotas shared through Redis {where} (fail {s.redis.fail_mode})"
     elif runtime.workers > 1:
         limits = f"limits and quotas in-process, split 1/{runtime.workers} per worker"
     else:
         limits = "limits and quotas in-process"
-    durable = f"ledger, batches and live limits in {where(database_url(s.database))}"
+    durable = f"ledger, batches and live limits in {db_where(database_url(s.database))}"
     return [limits, durable]
 
 

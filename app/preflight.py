@@ -24,8 +24,8 @@ from app.db import migrate
 from app.db.commands import open_database
 from app.db.engine import DatabaseUnavailable
 from app.db.errors import DatabaseProblem
-from app.limits.redis_store import RedisStore
-from app.log import output_problem, redacted_url
+from app.limits.redis_conn import connect, describe
+from app.log import output_problem
 from app.runtime import Runtime
 
 
@@ -86,25 +86,27 @@ async def _database(settings: Settings) -> Finding:
 
 
 async def _redis(settings: Settings) -> Finding | None:
+    """Redis as `serve`'s store starts it (connect, refuse a cluster reached as a single
+    server, load the scripts); named by its shape and addresses, never a password."""
     cfg = settings.redis
-    if cfg.url is None:
+    if not cfg.enabled:
         return None
-    url = cfg.url.get_secret_value()
-    store = RedisStore(url, prefix=cfg.key_prefix, timeout_ms=cfg.timeout_ms, max_connections=1)
-    what = f"redis {redacted_url(url)}"
+    link = connect(cfg)
+    what = f"redis {link.target.where()}"
     try:
-        up = await store.probe()
+        await link.start(warm=1)
+    except Exception as exc:
+        return Finding(
+            what,
+            describe(exc),
+            "start Redis or fix redis.url / TOKENGATE_REDIS_URL (or the Sentinel / Cluster "
+            "settings); with redis.fail_mode = open serve starts anyway and limits are not "
+            "shared until it answers",
+        )
     finally:
         with contextlib.suppress(Exception):
-            await store.close()
-    if up:
-        return Finding(what)
-    return Finding(
-        what,
-        f"no answer to PING within redis.timeout_ms ({cfg.timeout_ms} ms)",
-        "start Redis or fix redis.url / TOKENGATE_REDIS_URL; with redis.fail_mode=open serve "
-        "starts anyway and limits are not shared until it answers",
-    )
+            await link.close()
+    return Finding(what)
 
 
 # The stores `serve` opens at start, in that order.

@@ -67,7 +67,7 @@ def test_the_banner_names_address_domains_routes_keys_state_and_logs(tmp_path: P
     assert "key from $KEY_B; OpenAI and Anthropic APIs" in text
     assert "default model m-1; fallback m-2" in text
     assert "2 gateway keys (1 expired: old)" in text
-    assert "shared through Redis redis://redis.internal:6379/0 (fail open)" in text
+    assert "shared through Redis redis.internal:6379 (db 0) (fail open)" in text
     assert "live limits in postgresql://gw:***@db.internal:5432/tokengate" in text
     assert f"JSON lines to {tmp_path / 'gw.log'}, level info" in text
     for secret in (
