@@ -22,15 +22,26 @@ from app.api.access import note_of, refused
 from app.api.body import ClientGone, read_body
 from app.api.errors import render
 from app.api.responses import SseResponse, send_json
-from app.errors import GatewayError, InternalError, MethodNotAllowed
+from app.api.responses_socket import not_served, serve_socket
+from app.errors import GatewayError, InternalError, MethodNotAllowed, UpgradeRequired
 from app.gateway import Gateway
 from app.pipeline.answer import Answer, JsonAnswer
-from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
+from app.pipeline.request import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    MESSAGES,
+    RESPONSES,
+    RESPONSES_COMPACT,
+    Endpoint,
+)
 from app.pipeline.wire import parse_call
 from app.upstream.client import forwardable
 
 log = logging.getLogger("tokengate.errors")
-ROUTES: dict[str, Endpoint] = {e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)}
+ROUTES: dict[str, Endpoint] = {
+    e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES, RESPONSES_COMPACT)
+}
 
 
 class EdgeRoutes:
@@ -41,12 +52,24 @@ class EdgeRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
         if endpoint is None:
+            if scope["type"] == "websocket" and scope["path"] == RESPONSES.path:
+                await serve_socket(scope, receive, send, self.gateway)
+                return
             await self.app(scope, receive, send)
             return
         response: Response
         if (note := note_of(scope)) is not None:
             note.endpoint = endpoint.name
         if scope["method"] != "POST":
+            if endpoint is RESPONSES and _upgrade(scope):
+                # A WebSocket upgrade that reached us as plain HTTP: this server runs without
+                # a WebSocket implementation. 426 sends the client to HTTP at once.
+                refusal = not_served(self.gateway) or UpgradeRequired(
+                    "this server does not accept WebSocket upgrades; use POST /v1/responses"
+                )
+                self.gateway.metrics.record_socket_upgrade(426)
+                await render(refusal)(scope, receive, send)
+                return
             # OpenAI's body on every path, /v1/messages included (as it always was)
             wrong = MethodNotAllowed(scope["method"], scope["path"])
             refused(scope, wrong)
@@ -88,12 +111,23 @@ class EdgeRoutes:
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
+        if gateway.tracer is not None:
+            call.trace_context = _trace_headers(scope["headers"])
         if note is not None:
             note.model = call.model
-            note.handled = True  # from here on the pipeline writes the request's line
-        if gateway.tracer is None:
+        try:
+            if endpoint.responses:
+                return await gateway.responses.create(call)
             return await gateway.pipeline.handle(call)
-        return await gateway.pipeline.handle(call, _trace_headers(scope["headers"]))
+        finally:
+            if note is not None:  # the pipeline wrote the line of a request it took
+                note.handled = call.in_pipeline
+
+
+def _upgrade(scope: Scope) -> bool:
+    return any(
+        name == b"upgrade" and value.lower() == b"websocket" for name, value in scope["headers"]
+    )
 
 
 def _trace_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:

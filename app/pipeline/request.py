@@ -8,7 +8,7 @@ usage from a stream). Unknown fields always pass through.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ import orjson
 
 from app.kinds import QueueClass
 from app.runtime import KeySpec
+from app.upstream.websocket import UpstreamSockets
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Endpoint:
     streamable: bool
     anthropic: bool = False
     usage_in_stream: bool = True  # accepts stream_options.include_usage
+    responses: bool = False  # OpenAI's Responses API: usage in `response.completed`, ids
 
 
 CHAT = Endpoint("chat", "/v1/chat/completions", streamable=True)
@@ -32,6 +34,21 @@ COMPLETIONS = Endpoint("completions", "/v1/completions", streamable=True)
 EMBEDDINGS = Endpoint("embeddings", "/v1/embeddings", streamable=False)
 MESSAGES = Endpoint(
     "messages", "/v1/messages", streamable=True, anthropic=True, usage_in_stream=False
+)
+RESPONSES = Endpoint(
+    "responses", "/v1/responses", streamable=True, usage_in_stream=False, responses=True
+)
+# The same API reached through the WebSocket mode: each `response.create` message is one
+# request; its own name keeps the two apart in the access log.
+RESPONSES_SOCKET = Endpoint(
+    "responses_ws", "/v1/responses", streamable=True, usage_in_stream=False, responses=True
+)
+RESPONSES_COMPACT = Endpoint(
+    "responses_compact",
+    "/v1/responses/compact",
+    streamable=False,
+    usage_in_stream=False,
+    responses=True,
 )
 
 
@@ -50,6 +67,16 @@ class ClientRequest:
     client_headers: Mapping[str, str] = field(default_factory=dict)
     started: float = 0.0
     priority: QueueClass | None = None  # overrides the key's class (batch items: BATCH)
+    # Responses API: the only domain that can serve it (it holds `previous_response_id`),
+    # and who to tell the id of the response the answer created (id, serving domain).
+    home: str | None = None
+    on_response: Callable[[str, str], None] | None = None
+    # A client WebSocket's own upstream sockets (domains with responses_websocket).
+    sockets: UpstreamSockets | None = None
+    # The client's W3C trace headers (read only while tracing is on), and whether the
+    # pipeline took the request (then it writes the request's access-log line itself).
+    trace_context: Mapping[str, str] | None = None
+    in_pipeline: bool = False
 
     @property
     def queue_class(self) -> QueueClass:

@@ -71,6 +71,7 @@ class Trace:
             "duration_ms": round(duration_ms, 2),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
             "usage_estimated": self.estimated,
             "fallback": self.fallback,
             "attempts": [a.as_dict() for a in self.attempts],

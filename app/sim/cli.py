@@ -58,6 +58,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-ms", type=float, default=0.0, help="stall every request this long")
     p.add_argument("--drop-after", type=int, help="break streams off after N content chunks")
     p.add_argument("--no-record", action="store_true", help="do not keep request records")
+    p.add_argument(
+        "--background-ms",
+        type=float,
+        default=300.0,
+        help="how long a Responses API background response takes (queued, then in progress)",
+    )
+    p.add_argument(
+        "--responses-websocket",
+        action="store_true",
+        help="also serve the Responses API's WebSocket mode on GET /v1/responses",
+    )
 
 
 def knobs_from(args: argparse.Namespace) -> SimKnobs:
@@ -74,6 +85,8 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         quota_headers=args.quota_headers,
         balance=args.balance,
         record=not args.no_record,
+        background_ms=args.background_ms,
+        responses_websocket=args.responses_websocket,
         faults=Faults(
             status=args.fail_status,
             count=args.fail_next,

@@ -48,5 +48,7 @@ class SimKnobs:
     record: bool = True
     max_records: int = 100_000
     anthropic: bool = True  # also serve /v1/messages
+    background_ms: float = 300.0  # a background response is done this long after it was made
+    responses_websocket: bool = False  # also serve the Responses WebSocket mode
     faults: Faults = field(default_factory=Faults)
     seed: int = 7

@@ -190,3 +190,15 @@ async def test_a_full_queue_is_counted_under_its_domain(
     assert requests_total(metrics, domain="default", model="m-1", status="503") == 1
     full = metrics.registry.get_sample_value("tokengate_queue_full_total", {"domain": "default"})
     assert full == 1
+
+
+async def test_a_refusal_by_the_pipeline_is_written_once_by_it(
+    build: Build, lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    client, metrics = await build()
+    unknown = {**CHAT, "model": "no-such-model"}
+    r = await client.post("/v1/chat/completions", json=unknown, headers=auth(GOOD))
+    assert r.status_code == 404
+    [line] = lines()  # the pipeline's own line, not a second one from the request context
+    assert (line["key"], line["error"], line["domain"]) == ("alice", "model_not_found", "none")
+    assert requests_total(metrics, domain="none", model="other", status="404") == 1
