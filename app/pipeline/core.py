@@ -344,7 +344,7 @@ class Pipeline:
         assert usage is not None
         trace.model = usage.model or trace.attempts[-1].model
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
-        trace.cached_tokens = usage.cached
+        trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
         self._finish(call, trace, ticket, 200)
         headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
         ctype = reply.response.headers.get("content-type", "application/json")

@@ -3,6 +3,13 @@
 Every answer must carry usage (the ledger depends on it). A 200 whose body is not a
 JSON object is not an answer: it fails the attempt (`bad_response`, retryable), since
 each sub-task's output is validated before it is billed (docs/design.md).
+
+Prompt tokens are counted once, whatever the dialect: OpenAI's `prompt_tokens` already
+includes its cached part (`prompt_tokens_details.cached_tokens`), while Anthropic's
+`input_tokens` leaves out `cache_read_input_tokens` and `cache_creation_input_tokens`,
+so for Anthropic the prompt is the sum of the three (what the model actually read).
+`cached` (read from the cache) and `cache_write` (written to it) say how much of that
+prompt the cache served or stored.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ class Usage:
     model: str | None
     reported: bool = True
     cached: int = 0  # prompt tokens served from the upstream's prompt cache
+    cache_write: int = 0  # prompt tokens written to it (Anthropic's cache creation)
 
 
 def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
@@ -38,10 +46,11 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
     if not isinstance(usage, dict):
         return Usage(0, 0, model, reported=False)
     if anthropic:
-        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
-    else:
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return Usage(_int(prompt), _int(completion), model, cached=cached_tokens(usage))
+        read, write = anthropic_cache(usage)
+        prompt = _int(usage.get("input_tokens")) + read + write
+        return Usage(prompt, _int(usage.get("output_tokens")), model, True, read, write)
+    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    return Usage(prompt, completion, model, cached=cached_tokens(usage))
 
 
 def cached_tokens(usage: dict[str, Any]) -> int:
@@ -54,5 +63,12 @@ def cached_tokens(usage: dict[str, Any]) -> int:
     return _int(usage.get("cache_read_input_tokens"))
 
 
+def anthropic_cache(usage: dict[str, Any]) -> tuple[int, int]:
+    """(cache read, cache creation) input tokens of an Anthropic usage object."""
+    return _int(usage.get("cache_read_input_tokens")), _int(
+        usage.get("cache_creation_input_tokens")
+    )
+
+
 def _int(value: object) -> int:
-    return value if isinstance(value, int) and value >= 0 else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
