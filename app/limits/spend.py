@@ -1,0 +1,256 @@
+"""Budgets at the door: reserve a request's estimated spend, settle it to the actual.
+
+    admit ─► reserve(key, need)   every budget of the key and of its team must have room
+                │                 for `need` (estimated cost and tokens), else 429
+                │                 `budget_exceeded` naming the budget, its figures and reset
+                ▼
+    finish ─► settle(hold, actual)   the reservation becomes what was consumed
+                                     (nothing, if the request never reached the upstream)
+
+    every second (after the ledger's flush) ─► refresh(): every replica's settled spend
+    from the durable spend table, plus this process's unflushed ledger rows
+
+In one process the check and the reservation are one synchronous step, so concurrent
+requests can never jointly pass a budget by more than their estimates were short of
+what they consumed. Several processes (replicas, `--workers N`) without Redis each see
+the others' spend once it is flushed and read back: a budget can then be overshot by
+what the others spend in about two seconds (`ledger.flush_interval_sec` + the 1 s
+refresh), on top of the estimate error. After any restart the spend of the current
+periods is read back from the database before the first request: a spent budget stays
+spent.
+
+A model without a price cannot be counted against a cost budget, so a key (or team)
+with one is refused it (403 `model_not_priced`) instead of spending unseen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.billing.budgets import ZERO, Amount, Budget, Over, SpendKey, Tally
+from app.billing.periods import Calendar, Period, Window
+from app.billing.prices import render
+from app.db.budgets import BudgetOverride, SpendBook
+from app.errors import BudgetExceeded, ModelNotPriced
+from app.limits.ledger import Ledger
+from app.runtime import KeySpec, Runtime
+
+Slot = tuple[str, str, Period]  # (scope, owner, period)
+
+
+class SpendMetrics(Protocol):
+    def record_budget_exceeded(self, scope: str, owner: str, budget: str) -> None: ...
+    def set_budget_used(
+        self, scope: str, owner: str, period: str, metric: str, r: float
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class Hold:
+    """One admitted request's reservation."""
+
+    slots: tuple[Slot, ...]
+    keys: tuple[SpendKey, ...]  # the slots' spend keys when it was made
+    need: Amount
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """A budget as the admin API and the status page show it."""
+
+    budget: Budget
+    configured: int | None  # the limit in the settings (None: set by an override only)
+    override: BudgetOverride | None
+    window: Window
+    spent: int
+    reserved: int
+
+    @property
+    def ratio(self) -> float:
+        return self.spent / self.budget.limit if self.budget.limit else 1.0
+
+
+class SpendGate:
+    def __init__(
+        self,
+        runtime: Runtime,
+        calendar: Calendar,
+        *,
+        metrics: SpendMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.calendar = calendar
+        self.metrics = metrics
+        self.clock = clock
+        self.tally = Tally()
+        self._windows: dict[Period, Window] = {}
+        self._overrides: dict[tuple[str, str], list[BudgetOverride]] = {}
+        self.configure(runtime)
+
+    def configure(self, runtime: Runtime) -> None:
+        """Budgets and currency from `runtime` (at start and on reload)."""
+        self.currency = runtime.settings.billing.currency
+        self.teams = {t.name: t.budgets for t in runtime.teams}
+        self.keys = {k.alias: k for k in runtime.keys}
+
+    # -- admission ------------------------------------------------------------------------
+    async def reserve(self, key: KeySpec, need: Amount, *, priced: bool) -> Hold | None:
+        """Hold `need` against every budget of `key` and its team; None when it has none.
+        Raises `BudgetExceeded` (no room) or `ModelNotPriced` (cost unknowable)."""
+        now = self.clock()
+        budgets = self.budgets_of(key, now)
+        if not budgets:
+            return None
+        if not priced and any(b.metric == "cost" for b in budgets):
+            raise ModelNotPriced(
+                f"this model has no price in billing.prices, and the {_owner(budgets[0])} "
+                "has a cost budget that its spend would escape; ask the operator to price "
+                "the model",
+                param="model",
+            )
+        windows = self.windows(now)
+        over = self.tally.check(budgets, windows, need)
+        if over is not None:
+            raise self.refusal(over)
+        slots = tuple(dict.fromkeys((b.scope, b.owner, b.period) for b in budgets))
+        keys = tuple((s, o, windows[p].id) for s, o, p in slots)
+        self.tally.reserve(keys, need)
+        return Hold(slots, keys, need)
+
+    def settle(self, hold: Hold, actual: Amount) -> None:
+        """The reservation becomes `actual`, counted in the period it ends in."""
+        self.tally.release(hold.keys, hold.need)
+        if actual == ZERO:
+            return
+        windows = self.windows(self.clock())
+        self.tally.settle(tuple((s, o, windows[p].id) for s, o, p in hold.slots), actual)
+
+    def refusal(self, over: Over) -> BudgetExceeded:
+        b = over.budget
+        if self.metrics is not None:
+            self.metrics.record_budget_exceeded(b.scope, b.owner, b.name)
+        spent, held, need, limit = (
+            self.show(v, b.metric) for v in (over.spent, over.reserved, over.need, over.limit)
+        )
+        inflight = f" ({held} more held by requests in flight)" if over.reserved else ""
+        if over.window.end is None:
+            resets = "A total budget never resets: ask for a higher one."
+        else:
+            when = self.calendar.describe(over.window.end)
+            resets = f"It resets at {when} ({self.calendar.timezone})."
+        return BudgetExceeded(
+            f"Budget exceeded: the {b.period} {b.metric} budget of {_owner(b)} has "
+            f"{spent} of {limit} spent{inflight}, and this request needs up to {need}. "
+            f"{resets}"
+        )
+
+    def show(self, value: int, metric: str) -> str:
+        if metric == "cost":
+            return f"{render(value)} {self.currency}"
+        return f"{value:,} tokens"
+
+    # -- budgets and periods ----------------------------------------------------------------
+    def budgets_of(self, key: KeySpec, now: float) -> list[Budget]:
+        """The key's budgets and its team's, live overrides applied."""
+        out = self._effective("key", key.alias, key.budgets, now)
+        if key.team is not None:
+            out += self._effective("team", key.team, self.teams.get(key.team, ()), now)
+        return out
+
+    def _effective(
+        self, scope: str, owner: str, configured: Sequence[Budget], now: float
+    ) -> list[Budget]:
+        overrides = self._overrides.get((scope, owner))
+        if not overrides:
+            return list(configured)
+        live = {(o.period, o.metric): o for o in overrides if o.until > now}
+        out = [
+            dataclasses.replace(b, limit=live.pop((b.period, b.metric)).limit)
+            if (b.period, b.metric) in live
+            else b
+            for b in configured
+        ]
+        out += [Budget(scope, owner, p, m, o.limit) for (p, m), o in live.items()]  # type: ignore[arg-type]
+        return out
+
+    def windows(self, now: float) -> dict[Period, Window]:
+        """The current period of each kind (recomputed only when one ends)."""
+        found = self._windows
+        if not found or not all(_holds(w, now) for w in found.values()):
+            found = self._windows = {w.period: w for w in self.calendar.windows(now)}
+        return found
+
+    def windows_changed(self) -> None:
+        """The calendar changed (time zone): periods are computed anew."""
+        self._windows = {}
+
+    def set_overrides(self, overrides: Iterable[BudgetOverride]) -> None:
+        by_owner: dict[tuple[str, str], list[BudgetOverride]] = {}
+        for o in overrides:
+            by_owner.setdefault((o.scope, o.owner), []).append(o)
+        self._overrides = by_owner
+
+    def owners(self) -> list[tuple[str, str, Sequence[Budget]]]:
+        """Every key and team with a budget (configured, or set by an override)."""
+        out: list[tuple[str, str, Sequence[Budget]]] = [
+            ("key", alias, k.budgets) for alias, k in self.keys.items()
+        ]
+        out += [("team", name, budgets) for name, budgets in self.teams.items()]
+        return [(s, o, b) for s, o, b in out if b or (s, o) in self._overrides]
+
+    # -- the durable view ---------------------------------------------------------------------
+    async def refresh(self, ledger: Ledger, book: SpendBook) -> None:
+        """Every replica's settled spend of the current periods, from the database plus
+        this process's unflushed rows (read under the ledger's lock: each row once)."""
+        now = self.clock()
+        owners = [(s, o) for s, o, _ in self.owners()]
+        if not owners:
+            return
+        ids = [w.id for w in self.windows(now).values()]
+        async with ledger.lock:
+            durable = await book.read(ids, owners)
+            unflushed = ledger.unflushed_spend()
+            self.tally.refresh({k: Amount(*v) for k, v in durable.items()}, unflushed)
+        if self.metrics is not None:
+            for state in self.states(now):
+                b = state.budget
+                self.metrics.set_budget_used(b.scope, b.owner, b.period, b.metric, state.ratio)
+
+    def states(self, now: float | None = None) -> list[BudgetState]:
+        """Every budget with its figures in this process's view."""
+        now = self.clock() if now is None else now
+        windows = self.windows(now)
+        out = []
+        for scope, owner, configured in self.owners():
+            limits = {b.name: b.limit for b in configured}
+            overrides = {
+                f"{o.period}_{o.metric}": o
+                for o in self._overrides.get((scope, owner), ())
+                if o.until > now
+            }
+            for b in self._effective(scope, owner, configured, now):
+                window = windows[b.period]
+                key = (scope, owner, window.id)
+                out.append(
+                    BudgetState(
+                        b,
+                        limits.get(b.name),
+                        overrides.get(b.name),
+                        window,
+                        self.tally.spent(key).of(b.metric),
+                        self.tally.held(key).of(b.metric),
+                    )
+                )
+        return out
+
+
+def _holds(w: Window, now: float) -> bool:
+    return (w.start is None or w.start <= now) and (w.end is None or now < w.end)
+
+
+def _owner(b: Budget) -> str:
+    return f"{b.scope} '{b.owner}'"
