@@ -31,6 +31,7 @@ from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
+from app.billing.budgets import ZERO, Amount
 from app.billing.periods import Calendar
 from app.config.errors import ConfigError
 from app.db import migrate
@@ -45,7 +46,7 @@ from app.limits.bucket import Limits
 from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
-from app.limits.spend import SpendGate
+from app.limits.spend import OwnerView, SpendGate
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
@@ -538,6 +539,21 @@ class Gateway:
             override.limit,
             self.calendar.describe(override.until),
         )
+
+    async def budget_view(self) -> list[OwnerView]:
+        """Every key's and team's spend of the current periods and its budgets: the
+        durable spend of every replica plus this one's unflushed rows, read now."""
+        runtime, now = self.runtime, time.time()
+        owners = [("key", k.alias) for k in runtime.keys]
+        owners += [("team", t.name) for t in runtime.teams]
+        ids = [w.id for w in self.spend.windows(now).values()]
+        async with self.ledger.lock:
+            durable = await self.spend_book.read(ids, owners)
+            spent = self.ledger.unflushed_spend()
+        for k, (cost, tokens) in durable.items():
+            had = spent.get(k, ZERO)
+            spent[k] = Amount(had.cost + cost, had.tokens + tokens)
+        return self.spend.view(owners, spent, now)
 
     async def end_budget(
         self, scope: str, owner: str, period: str | None, metric: str | None

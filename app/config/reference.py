@@ -44,12 +44,15 @@ def _nested(annotation: Any) -> type[BaseModel] | None:
 
 def _items(annotation: Any) -> tuple[str, type[BaseModel]] | None:
     """A list of sections (`keys[]`) or a map of them (`billing.prices.<model>`)."""
-    args = getattr(annotation, "__args__", ())
+    args: tuple[Any, ...] = getattr(annotation, "__args__", ())
     origin = getattr(annotation, "__origin__", None)
-    if origin is list and args and _nested(args[0]):
-        return "[]", args[0]
-    if origin is dict and len(args) == 2 and _nested(args[1]):
-        return ".<name>", args[1]
+    item = _nested(args[-1]) if args else None
+    if item is None:
+        return None
+    if origin is list:
+        return "[]", item
+    if origin is dict:
+        return ".<name>", item
     return None
 
 

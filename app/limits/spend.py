@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,6 +56,17 @@ class Hold:
     slots: tuple[Slot, ...]
     keys: tuple[SpendKey, ...]  # the slots' spend keys when it was made
     need: Amount
+
+
+@dataclass(frozen=True)
+class OwnerView:
+    """A key or team: its spend in each current period, and its budgets."""
+
+    scope: str
+    name: str
+    team: str | None
+    spend: dict[Period, tuple[Window, Amount]]
+    budgets: list[BudgetState]
 
 
 @dataclass(frozen=True)
@@ -221,30 +232,63 @@ class SpendGate:
                 self.metrics.set_budget_used(b.scope, b.owner, b.period, b.metric, state.ratio)
 
     def states(self, now: float | None = None) -> list[BudgetState]:
-        """Every budget with its figures in this process's view."""
+        """Every budget with its figures in this process's view (gauges, status page)."""
         now = self.clock() if now is None else now
+        out: list[BudgetState] = []
+        for scope, owner, configured in self.owners():
+            out += self._states(scope, owner, configured, now, self.tally.spent)
+        return out
+
+    def view(
+        self,
+        owners: Sequence[tuple[str, str]],
+        spent: Mapping[SpendKey, Amount],
+        now: float,
+    ) -> list[OwnerView]:
+        """Spend of every period and the budgets of each owner, `spent` being the durable
+        spend plus what is not flushed yet (the admin API reads it fresh)."""
         windows = self.windows(now)
         out = []
-        for scope, owner, configured in self.owners():
-            limits = {b.name: b.limit for b in configured}
-            overrides = {
-                f"{o.period}_{o.metric}": o
-                for o in self._overrides.get((scope, owner), ())
-                if o.until > now
-            }
-            for b in self._effective(scope, owner, configured, now):
-                window = windows[b.period]
-                key = (scope, owner, window.id)
-                out.append(
-                    BudgetState(
-                        b,
-                        limits.get(b.name),
-                        overrides.get(b.name),
-                        window,
-                        self.tally.spent(key).of(b.metric),
-                        self.tally.held(key).of(b.metric),
-                    )
+        for scope, owner in owners:
+            if scope == "key":
+                key = self.keys.get(owner)
+                configured, team = (key.budgets, key.team) if key else ((), None)
+            else:
+                configured, team = self.teams.get(owner, ()), None
+            totals = {p: (w, spent.get((scope, owner, w.id), ZERO)) for p, w in windows.items()}
+            budgets = self._states(scope, owner, configured, now, lambda k: spent.get(k, ZERO))
+            out.append(OwnerView(scope, owner, team, totals, budgets))
+        return out
+
+    def _states(
+        self,
+        scope: str,
+        owner: str,
+        configured: Sequence[Budget],
+        now: float,
+        spent_of: Callable[[SpendKey], Amount],
+    ) -> list[BudgetState]:
+        windows = self.windows(now)
+        limits = {b.name: b.limit for b in configured}
+        overrides = {
+            f"{o.period}_{o.metric}": o
+            for o in self._overrides.get((scope, owner), ())
+            if o.until > now
+        }
+        out = []
+        for b in self._effective(scope, owner, configured, now):
+            window = windows[b.period]
+            key = (scope, owner, window.id)
+            out.append(
+                BudgetState(
+                    b,
+                    limits.get(b.name),
+                    overrides.get(b.name),
+                    window,
+                    spent_of(key).of(b.metric),
+                    self.tally.held(key).of(b.metric),
                 )
+            )
         return out
 
 
