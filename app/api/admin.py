@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api import views
 from app.api.deps import GatewayDep
+from app.billing.periods import Calendar
 from app.billing.report import QUARTER, Granularity, Report, build
 from app.db.engine import DatabaseUnavailable
 from app.db.usage import UsageQuery
@@ -56,8 +57,8 @@ async def usage(
     first shape (`object`, `data`); asked for groups or periods it adds `totals`."""
     groups = _groups(group_by)
     query = UsageQuery(
-        start=parse_instant(start, "from"),
-        end=parse_instant(end, "to"),
+        start=parse_instant(start, "from", gateway.calendar),
+        end=parse_instant(end, "to", gateway.calendar),
         group_by=groups,
         granularity=QUARTER if granularity else None,
     )
@@ -109,13 +110,20 @@ def _groups(value: str | None) -> tuple[str, ...]:
     return groups
 
 
-def parse_instant(value: str | None, param: str) -> int | None:
+def parse_instant(value: str | None, param: str, calendar: Calendar | None = None) -> int | None:
+    """Epoch seconds, or ISO 8601 (UTC if no zone); a bare date is its midnight in
+    `billing.timezone` when a calendar is given (reports: `from=2026-11-01`)."""
     if value is None or value == "":
         return None
     try:
         return int(float(value))
     except ValueError:
         pass
+    if calendar is not None and len(value) == 10:
+        try:
+            return int(calendar.midnight(date.fromisoformat(value)))
+        except ValueError:
+            pass
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
