@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db.usage import UsageQuery
 from app.errors import BudgetExceeded
 from app.gateway import Gateway
 from app.limits.estimate import chat_prompt_tokens
 from app.pipeline.answer import JsonAnswer, StreamAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
-from app.db.usage import UsageQuery
 from tests.support.inproc import MakeGateway, ledger_rows
 
 PRICED = {
