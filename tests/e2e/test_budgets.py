@@ -207,3 +207,35 @@ def test_tokengate_usage_prints_a_table_csv_and_json(sim: Sim, make_gateway: Mak
         timeout=60,
     )
     assert refused.returncode == 1 and "401" in refused.stdout
+
+
+def test_models_without_a_price_are_named_by_check_and_at_start(
+    sim: Sim, make_gateway: Make
+) -> None:
+    only_gpt = json.dumps({"gpt-4o": PRICES["gpt-4o"]})
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "TAOTOKEN_API_KEY": sim.api_key,
+        "TOKENGATE_API_ENDPOINT": sim.url,
+        "TOKENGATE_BILLING__PRICES": only_gpt,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout
+    out = done.stdout
+    # the seed routes claude-sonnet (default) and gpt-4o (fallback); the sim lists three
+    assert "warning: no price in billing.prices for 1 model(s): claude-sonnet" in out
+    assert "for 2 model(s): claude-sonnet, text-embedding-3-small" in out
+    gw = make_gateway(GatewaySpec(env={"TOKENGATE_BILLING__PRICES": only_gpt}), sim.url)
+    (line,) = [x for x in gw.log_lines() if x.get("msg", "").startswith("billing: no price")]
+    assert "claude-sonnet, text-embedding-3-small" in line["msg"] and line["level"] == "warning"
+    answer = gw.openai().chat.completions.with_raw_response.create(
+        model="claude-sonnet", messages=PROMPT, max_tokens=4
+    )
+    assert answer.headers["x-tokengate-cost"] == "unknown"  # served, never priced at zero

@@ -152,3 +152,23 @@ async def test_raising_needs_a_known_owner_one_limit_and_a_future_end(
         json={"period": "day", "max_tokens": 5, "until": "2020-01-01T00:00:00Z"},
     )
     assert past.status_code == 400 and past.json()["error"]["param"] == "until"
+
+
+async def test_the_status_page_shows_each_keys_fullest_budget_and_warns_near_it(
+    make_client: MakeClient,
+) -> None:
+    client = await make_client(SETTINGS)
+    gw = gateway_of(client)
+    gw.ledger.add(UsageEntry("bob", "m-1", 10, 10, team="ml", cost_nanos=CNY * 9 // 2))
+    await gw.ledger.flush()
+    await gw.spend.refresh(gw.ledger, gw.spend_book)
+    gw.keys.enabled = True  # the page lists the configured keys (make_client runs --no-auth)
+    snap = (await client.get("/admin/ui/snapshot", headers=ADMIN)).json()
+    keys = {k["alias"]: k for k in snap["keys"]}
+    # alice's own month budget is barely used; her team's day budget is 90 % spent
+    assert keys["alice"]["budget"]["period"] == "day, team ml cost"
+    assert (keys["alice"]["budget"]["used"], keys["alice"]["budget"]["limit"]) == (4.5, 5.0)
+    assert keys["bob"]["budget"]["used"] == 4.5
+    assert {"level": "warning", "text": "team ml: 90% of its day cost budget spent"} in (
+        snap["attention"]
+    )
