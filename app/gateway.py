@@ -421,6 +421,7 @@ class Gateway:
             await self.store.housekeeping()
             await self._load_overrides()
             await self._load_budget_overrides()
+            await self.spend.renew()  # with Redis: holds of requests still running
             ticks += 1
             if ticks % LEDGER_MAINTENANCE_TICKS == 0:
                 await self._maintain_ledger()

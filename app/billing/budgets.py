@@ -75,6 +75,7 @@ class Over(NamedTuple):
 
 class Tally:
     def __init__(self) -> None:
+        self.durable: dict[SpendKey, Amount] = {}  # the spend table, as last read
         self.base: dict[SpendKey, Amount] = {}
         self.since: dict[SpendKey, list[int]] = {}
         self.reserved: dict[SpendKey, list[int]] = {}
@@ -119,6 +120,7 @@ class Tally:
     def refresh(
         self, durable: Mapping[SpendKey, Amount], unflushed: Mapping[SpendKey, Amount]
     ) -> None:
+        self.durable = dict(durable)
         base = dict(durable)
         for key, extra in unflushed.items():
             had = base.get(key, ZERO)

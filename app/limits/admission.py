@@ -140,7 +140,7 @@ class Admission:
         self.ledger.add(entry)
         if ticket.hold is not None and self.spend is not None:
             actual = Amount(entry.cost_nanos or 0, entry.tokens) if dispatched else ZERO
-            self.spend.settle(ticket.hold, actual)
+            self.spend.settle(ticket.hold, actual, spawn)
         args = (ticket.key, ticket.limits, token_delta, 0 if dispatched else -1)
         if self.store.synchronous:
             self.store.settle_sync(*args)

@@ -19,6 +19,10 @@ refresh), on top of the estimate error. After any restart the spend of the curre
 periods is read back from the database before the first request: a spent budget stays
 spent.
 
+With Redis (`shared`, shared_spend.py) the decision is Redis': every replica's spend
+and holds, exact across replicas; this process's tally still follows its own requests,
+and decides alone while Redis does not answer (as without Redis).
+
 A model without a price cannot be counted against a cost budget, so a key (or team)
 with one is refused it (403 `model_not_priced`) instead of spending unseen.
 """
@@ -27,9 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.billing.budgets import ZERO, Amount, Budget, Over, SpendKey, Tally
 from app.billing.periods import Calendar, Period, Window
@@ -37,9 +41,11 @@ from app.billing.prices import render
 from app.db.budgets import BudgetOverride, SpendBook
 from app.errors import BudgetExceeded, ModelNotPriced
 from app.limits.ledger import Ledger
+from app.limits.shared_spend import SharedSpend
 from app.runtime import KeySpec, Runtime
 
 Slot = tuple[str, str, Period]  # (scope, owner, period)
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 class SpendMetrics(Protocol):
@@ -56,6 +62,7 @@ class Hold:
     slots: tuple[Slot, ...]
     keys: tuple[SpendKey, ...]  # the slots' spend keys when it was made
     need: Amount
+    shared: str | None = None  # its id, when held in Redis
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,8 @@ class SpendGate:
         self.metrics = metrics
         self.clock = clock
         self.tally = Tally()
+        self.shared: SharedSpend | None = None  # set by the gateway when Redis is configured
+        self._running: dict[str, Hold] = {}  # held in Redis, renewed until settled
         self._windows: dict[Period, Window] = {}
         self._overrides: dict[tuple[str, str], list[BudgetOverride]] = {}
         self.configure(runtime)
@@ -124,21 +133,80 @@ class SpendGate:
                 param="model",
             )
         windows = self.windows(now)
+        slots = tuple(dict.fromkeys((b.scope, b.owner, b.period) for b in budgets))
+        keys = tuple((s, o, windows[p].id) for s, o, p in slots)
+        if self.shared is not None:
+            hold = await self._shared(budgets, windows, slots, keys, need, now)
+            if hold is not None:
+                return hold
         over = self.tally.check(budgets, windows, need)
         if over is not None:
             raise self.refusal(over)
-        slots = tuple(dict.fromkeys((b.scope, b.owner, b.period) for b in budgets))
-        keys = tuple((s, o, windows[p].id) for s, o, p in slots)
         self.tally.reserve(keys, need)
         return Hold(slots, keys, need)
 
-    def settle(self, hold: Hold, actual: Amount) -> None:
-        """The reservation becomes `actual`, counted in the period it ends in."""
+    async def _shared(
+        self,
+        budgets: list[Budget],
+        windows: dict[Period, Window],
+        slots: tuple[Slot, ...],
+        keys: tuple[SpendKey, ...],
+        need: Amount,
+        now: float,
+    ) -> Hold | None:
+        """Redis decides; None when it did not answer (this process decides alone)."""
+        assert self.shared is not None
+        hold_id = self.shared.hold_id()
+        durable = self.tally.durable
+        decided = await self.shared.reserve(budgets, windows, need, durable, hold_id, now)
+        if decided is None:
+            return None
+        if decided is not True:
+            raise self.refusal(decided)
+        self.tally.reserve(keys, need)  # this process's view, should Redis go away
+        hold = self._running[hold_id] = Hold(slots, keys, need, hold_id)
+        return hold
+
+    def settle(self, hold: Hold, actual: Amount, spawn: Spawn | None = None) -> None:
+        """The reservation becomes `actual`, counted in the period it ends in (and in
+        Redis, by a task handed to `spawn`, when it was held there)."""
         self.tally.release(hold.keys, hold.need)
-        if actual == ZERO:
-            return
         windows = self.windows(self.clock())
-        self.tally.settle(tuple((s, o, windows[p].id) for s, o, p in hold.slots), actual)
+        current = tuple((s, o, windows[p].id) for s, o, p in hold.slots)
+        if actual != ZERO:
+            self.tally.settle(current, actual)
+        if hold.shared is not None:
+            self._running.pop(hold.shared, None)
+            if self.shared is not None and spawn is not None:
+                spawn(self._settle_shared(hold, current, actual, windows))
+
+    async def _settle_shared(
+        self,
+        hold: Hold,
+        current: tuple[SpendKey, ...],
+        actual: Amount,
+        windows: dict[Period, Window],
+    ) -> None:
+        assert self.shared is not None and hold.shared is not None
+        now, durable = self.clock(), self.tally.durable
+        for scope in dict.fromkeys(k[:2] for k in hold.keys):
+            mine = [k for k in hold.keys if k[:2] == scope]
+            ends = [k for k in current if k[:2] == scope]
+            await self.shared.settle(
+                mine, ends, hold.need, actual, hold.shared, durable, windows, now
+            )
+
+    async def renew(self) -> None:
+        """Once a second with Redis: push back the lapse of the holds of requests still
+        running here (a hold nobody renews lapses: a lost settle, a dead replica)."""
+        if self.shared is None or not self._running:
+            return
+        members: dict[SpendKey, list[str]] = {}
+        for hold_id, hold in self._running.items():
+            member = self.shared.member(hold_id, hold.need)
+            for key in hold.keys:
+                members.setdefault(key, []).append(member)
+        await self.shared.renew(members)
 
     def refusal(self, over: Over) -> BudgetExceeded:
         b = over.budget
