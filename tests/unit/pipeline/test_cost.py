@@ -172,3 +172,41 @@ async def test_the_access_log_line_carries_the_cost(
         "USD",
         False,
     )
+
+
+async def test_anthropic_cache_reads_and_writes_are_prompt_tokens_priced_at_their_rates(
+    make: Make,
+) -> None:
+    from app.pipeline.request import MESSAGES as MESSAGES_API
+
+    answer = {
+        "id": "msg_1",
+        "type": "message",
+        "model": "m-1",
+        "content": [{"type": "text", "text": "ok"}],
+        "usage": {
+            "input_tokens": 100,
+            "cache_read_input_tokens": 2000,
+            "cache_creation_input_tokens": 500,
+            "output_tokens": 50,
+        },
+    }
+    prices = {"m-1": {"input": 3, "output": 15, "cached_input": 0.3, "cache_write": 3.75}}
+    gw = make(
+        lambda r: httpx.Response(200, json=answer),
+        billing={"prices": prices},
+        scale_up={"models": ["m-1"], "api_style": "anthropic"},
+    )
+    await gw.start()
+    raw = json.dumps({"model": "m", "max_tokens": 64, "messages": MESSAGES}).encode()
+    call = parse_call(MESSAGES_API, raw, gw.keys.anonymous, "req_a", {}, time.perf_counter())
+    reply = await gw.pipeline.handle(call)
+    # 100 x 3 + 2000 x 0.30 + 500 x 3.75 + 50 x 15 = 300 + 600 + 1875 + 750 = 3525 / million
+    assert isinstance(reply, JsonAnswer) and reply.headers["x-tokengate-cost"] == "0.003525 USD"
+    (row,) = await ledger_rows(gw)
+    # each prompt token once: input + cache read + cache creation (the limits settle the same)
+    assert (row["prompt_tokens"], row["cached_tokens"], row["cache_write_tokens"]) == (
+        2600,
+        2000,
+        500,
+    )
