@@ -35,8 +35,8 @@ define apt
 	done
 endef
 
-system-deps: ## install redis-server, promtool, chromium and PostgreSQL (Debian packages) when missing
-	$(call apt,redis-server:redis-server promtool:prometheus chromium:chromium)
+system-deps: ## install redis-server, redis-sentinel, promtool, chromium and PostgreSQL (Debian packages) when missing
+	$(call apt,redis-server:redis-server redis-sentinel:redis-sentinel promtool:prometheus chromium:chromium)
 	$(call apt,pg_ctlcluster:postgresql)
 
 bench-deps: system-deps ## also install nginx and wrk (Debian packages) when missing

@@ -46,6 +46,7 @@ from app.limits.bucket import Limits
 from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
+from app.limits.shared_spend import SharedSpend
 from app.limits.spend import OwnerView, SpendGate
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
@@ -92,7 +93,12 @@ class Gateway:
         self.overrides = OverrideBook(self.db)
         self.spend_book = SpendBook(self.db)
         self.budget_overrides = BudgetOverrideBook(self.db)
-        self.spend = SpendGate(runtime, self.calendar, metrics=metrics)
+        self.spend = SpendGate(runtime, self.calendar, metrics=metrics, spawn=self.spawn)
+        if self.store.shared:  # budgets decided in Redis, exact across replicas
+            prefix = s.redis.key_prefix
+            self.spend.shared = SharedSpend(
+                self.store.budget, prefix=prefix, replica=self.replica_id
+            )
         # Without Redis each of N workers enforces 1/N of every limit and every domain
         # quota: a limit never silently becomes N times larger.
         self.divisor = 1 if self.store.shared else max(1, runtime.workers)
@@ -159,14 +165,11 @@ class Gateway:
 
     def _build_store(self) -> LimitStore:
         s = self.runtime.settings
-        if s.redis.url is not None:
-            return RedisStore(
-                s.redis.url.get_secret_value(),
-                fail_mode=s.redis.fail_mode,
-                prefix=s.redis.key_prefix,
-                timeout_ms=s.redis.timeout_ms,
-                max_connections=s.redis.max_connections,
-                on_state=self.metrics.set_redis_up,
+        if s.redis.enabled:
+            return RedisStore.from_config(
+                s.redis,
+                spawn=self.spawn,
+                on_state=self.metrics.record_redis_state,
                 replica=self.replica_id,
             )
         return MemoryStore()
@@ -236,7 +239,7 @@ class Gateway:
 
     def _describe_limits(self) -> None:
         if self.store.shared:
-            mode = "shared through Redis by every replica and worker"
+            mode = "shared through Redis by every replica and worker"  # where: logged by it
         elif self.divisor > 1:
             mode = (
                 f"split per worker: each of {self.divisor} workers enforces 1/{self.divisor} "
@@ -420,10 +423,14 @@ class Gateway:
         ticks = 0
         while True:
             await asyncio.sleep(1.0)
-            for domain in self.domains:
-                await domain.dispatcher.pacer.sync()  # what other replicas learned
+            try:
+                # At once, so a shared store sends them all in one round trip: what other
+                # replicas learned of each domain's pace, and the heartbeat.
+                syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
+                await asyncio.gather(syncs, self.store.housekeeping())
+            except Exception as exc:  # one bad second must not end the upkeep for good
+                log.error("housekeeping failed (tried again in a second): %r", exc)
             self._sync_gauges()
-            await self.store.housekeeping()
             await self._load_overrides()
             await self._load_budget_overrides()
             await self.spend.renew()  # with Redis: holds of requests still running

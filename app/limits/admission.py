@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from app.billing.budgets import ZERO, Amount
 from app.errors import GatewayError, RateLimited
@@ -31,8 +31,6 @@ from app.limits.spend import Hold, SpendGate
 from app.limits.store import LimitStore
 from app.metrics import Metrics
 from app.runtime import KeySpec
-
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 @dataclass(slots=True)
@@ -97,10 +95,7 @@ class Admission:
                     need = Amount(spend or 0, cost)
                     ticket.hold = await self.spend.reserve(key, need, priced=spend is not None)
                 except GatewayError:  # the rate limits' reservation goes back
-                    if self.store.synchronous:
-                        self.store.settle_sync(key.alias, limits, -cost, -1)
-                    else:
-                        await self.store.settle(key.alias, limits, -cost, -1)
+                    self.store.settle(key.alias, limits, -cost, -1)
                     raise
             return ticket
         limit = decision.limit or "tokens"
@@ -125,11 +120,11 @@ class Admission:
         )
         return KeyUse(limits, left, "last_request", round(age, 1))
 
-    def settle(self, ticket: Ticket, entry: UsageEntry, spawn: Spawn, *, dispatched: bool) -> None:
+    def settle(self, ticket: Ticket, entry: UsageEntry, *, dispatched: bool) -> None:
         """Correct the reservation; `dispatched=False` refunds the request entirely.
 
-        Never awaited by the caller: it may run while the request is being cancelled,
-        so a store that needs I/O gets the work as a task owned by the gateway.
+        Synchronous, so it completes even while the request is being cancelled: the
+        store records the correction and does any I/O on its own schedule.
         """
         if ticket.settled:
             return
@@ -140,12 +135,8 @@ class Admission:
         self.ledger.add(entry)
         if ticket.hold is not None and self.spend is not None:
             actual = Amount(entry.cost_nanos or 0, entry.tokens) if dispatched else ZERO
-            self.spend.settle(ticket.hold, actual, spawn)
-        args = (ticket.key, ticket.limits, token_delta, 0 if dispatched else -1)
-        if self.store.synchronous:
-            self.store.settle_sync(*args)
-        else:
-            spawn(self.store.settle(*args))
+            self.spend.settle(ticket.hold, actual)
+        self.store.settle(ticket.key, ticket.limits, token_delta, 0 if dispatched else -1)
 
 
 def _refusal(decision: Decision, limit: str, cost: int, limits: Limits) -> RateLimited:

@@ -50,6 +50,10 @@ class SharedSpend:
         scope, owner, period_id = spend
         return f"{self.prefix}budget:{{{scope}:{owner}}}:{period_id}"
 
+    def keys(self, spends: Sequence[SpendKey]) -> list[str]:
+        """Per period, its hash and the sorted set of its holds (one hash tag)."""
+        return [k for s in spends for k in (self.key(s), self.key(s) + ":holds")]
+
     @staticmethod
     def member(hold_id: str, need: Amount) -> str:
         """How budget.lua names a hold (it builds the same text)."""
@@ -81,7 +85,7 @@ class SharedSpend:
                     limits.get("tokens", -1),
                     _ttl(windows[period], now),
                 ]
-            answer = await self.run([self.key(s) for s in spends], args)
+            answer = await self.run(self.keys(spends), args)
             if answer is None or int(answer[0]) != 1:
                 for spent_in in held:
                     await self.settle(spent_in, [], need, ZERO, hold_id, durable, windows, now)
@@ -117,7 +121,7 @@ class SharedSpend:
             release, add = spend in reserved, spend in current and actual != ZERO
             args += [base.cost, base.tokens, int(release), int(add)]
             args.append(_ttl(ids.get(spend[2]), now))
-        return await self.run([self.key(s) for s in spends], args) is not None
+        return await self.run(self.keys(spends), args) is not None
 
     async def renew(self, holds: Mapping[SpendKey, Sequence[str]]) -> None:
         """Push back the lapse of these holds (members per spend key), one call per scope."""
@@ -128,7 +132,7 @@ class SharedSpend:
             args: list[object] = ["renew", HOLD_MS]
             for spend in spends:
                 args += [len(holds[spend]), *holds[spend]]
-            await self.run([self.key(s) for s in spends], args)
+            await self.run(self.keys(spends), args)
 
 
 def _by_scope(budgets: Sequence[Budget]) -> list[tuple[Scope, list[Budget]]]:

@@ -100,8 +100,10 @@ class SpendGate:
         *,
         metrics: SpendMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        spawn: Spawn | None = None,
     ) -> None:
         self.calendar = calendar
+        self.spawn = spawn  # runs the Redis part of a settle (it must outlive a request)
         self.metrics = metrics
         self.clock = clock
         self.tally = Tally()
@@ -167,9 +169,9 @@ class SpendGate:
         hold = self._running[hold_id] = Hold(slots, keys, need, hold_id)
         return hold
 
-    def settle(self, hold: Hold, actual: Amount, spawn: Spawn | None = None) -> None:
+    def settle(self, hold: Hold, actual: Amount) -> None:
         """The reservation becomes `actual`, counted in the period it ends in (and in
-        Redis, by a task handed to `spawn`, when it was held there)."""
+        Redis, by a task handed to `spawn`, when it was held there). Never waits."""
         self.tally.release(hold.keys, hold.need)
         windows = self.windows(self.clock())
         current = tuple((s, o, windows[p].id) for s, o, p in hold.slots)
@@ -177,8 +179,8 @@ class SpendGate:
             self.tally.settle(current, actual)
         if hold.shared is not None:
             self._running.pop(hold.shared, None)
-            if self.shared is not None and spawn is not None:
-                spawn(self._settle_shared(hold, current, actual, windows))
+            if self.shared is not None and self.spawn is not None:
+                self.spawn(self._settle_shared(hold, current, actual, windows))
 
     async def _settle_shared(
         self,

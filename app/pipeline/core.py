@@ -41,9 +41,10 @@ from app.errors import (
     PermissionDenied,
     ServiceUnavailable,
 )
-from app.limits.admission import Admission, Spawn, Ticket
+from app.limits.admission import Admission, Ticket
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
+from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.pipeline.failure import client_error
@@ -451,7 +452,7 @@ class Pipeline:
             estimated=trace.estimated,
             cost_nanos=self._priced(call, trace, failed),
         )
-        self.admission.settle(ticket, entry, self.spawn, dispatched=trace.dispatched)
+        self.admission.settle(ticket, entry, dispatched=trace.dispatched)
         self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
         self._log(trace, status, exc, entry)
         return entry

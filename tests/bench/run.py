@@ -10,7 +10,10 @@ Scenarios, in order (each one's failure is recorded and the next one still runs)
 4. throttle: a burst against an upstream that quantizes its quota, with the quota
    configured right, absent, 2x too high, on two replicas sharing Redis, and LiteLLM
    on the same burst (`throttle.py`);
-5. admission: cost of one per-key admission, memory vs Redis vs none (`admission.py`).
+5. admission: cost of one per-key admission, memory vs Redis vs none (`admission.py`);
+6. redis: one worker with limits (and a domain's pace) shared through Redis against
+   the same with in-process limits at c=64, with Redis commands per request
+   (`shared.py`).
 
 Writes tests/bench/results/<timestamp>/results.{json,md} and latest.{json,md}.
 Everything started is stopped on exit, error or Ctrl-C (process groups; see procs.py).
@@ -42,6 +45,7 @@ from tests.bench import (
     latency,
     quota,
     report,
+    shared,
     subjects,
     targets,
     throttle,
@@ -52,7 +56,7 @@ from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
 from tests.bench.rss import Sampler
 
 RESULTS = ROOT / "tests" / "bench" / "results"
-SCENARIOS = ("static", "sim", "quota", "throttle", "admission")
+SCENARIOS = ("static", "sim", "quota", "throttle", "admission", "redis")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -200,12 +204,16 @@ def _measure(
         def admission_() -> None:
             results["admission"] = admission.run(group)
 
+        def redis_() -> None:
+            results["redis"] = shared.run(group, tmp, plan)
+
         steps = {
             "static": static,
             "sim": sim,
             "quota": quota_,
             "throttle": throttle_,
             "admission": admission_,
+            "redis": redis_,
         }
         for name in SCENARIOS:
             if name in only:

@@ -70,8 +70,9 @@ def month(g: SpendGate) -> tuple[str, str, str]:
 
 async def settle_all(g: SpendGate, holds: list[Hold], actual: Amount) -> None:
     tasks: list[asyncio.Future[None]] = []
+    g.spawn = lambda coro: tasks.append(asyncio.ensure_future(coro))
     for hold in holds:
-        g.settle(hold, actual, lambda coro: tasks.append(asyncio.ensure_future(coro)))
+        g.settle(hold, actual)
     await asyncio.gather(*tasks)
 
 
