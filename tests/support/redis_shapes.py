@@ -42,7 +42,7 @@ def cli(port: int, *args: str, tls: Certificate | None = None) -> str:
     """`redis-cli -p PORT ARGS...`: its output (raises if it fails)."""
     cmd = [_exe("redis-cli"), "-h", "127.0.0.1", "-p", str(port)]
     if tls is not None:
-        cmd += ["--tls", "--cacert", str(tls.cert), "--cert", str(tls.cert), "--key", str(tls.key)]
+        cmd += ["--tls", "--cacert", str(tls.ca), "--cert", str(tls.cert), "--key", str(tls.key)]
     done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=30, check=True)
     return done.stdout.strip()
 
@@ -135,7 +135,7 @@ def server(
     socket_path = None
     if tls is not None:
         args += ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(tls.cert)]
-        args += ["--tls-key-file", str(tls.key), "--tls-ca-cert-file", str(tls.cert)]
+        args += ["--tls-key-file", str(tls.key), "--tls-ca-cert-file", str(tls.ca)]
         args += ["--tls-auth-clients", "yes" if client_certs else "no"]
     else:
         args += ["--port", str(port)]

@@ -77,7 +77,7 @@ async def test_tls_with_a_ca_and_a_client_certificate(make: Make, tmp_path: Path
     cert = certificate()
     s = server(tmp_path, tls=cert, client_certs=True)
     try:
-        tls = {"tls_ca_file": str(cert.cert)}
+        tls = {"tls_ca_file": str(cert.ca)}
         mine = {"tls_cert_file": str(cert.cert), "tls_key_file": str(cert.key)}
         fresh = await make(url=s.url, **tls, **mine)
         # A burst right after start, on fresh TLS connections: it used to trip fail open.
