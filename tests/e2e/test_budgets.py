@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from app.limits.estimate import chat_prompt_tokens
-from tests.support.procs import ROOT, Gateway, GatewaySpec, Sim
+from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-test-key-0123456789"
@@ -35,6 +35,7 @@ PRICES = {
 
 
 def spec(keys: dict[str, dict[str, Any]], **settings: Any) -> GatewaySpec:
+    """A gateway pricing PRICES, with the admin API; `settings` on top."""
     base = {"admin_key": ADMIN, "billing": {"currency": "USD", "prices": PRICES}}
     return GatewaySpec(keys=keys, settings={**base, **settings})
 
@@ -149,6 +150,58 @@ async def test_sixty_concurrent_requests_overshoot_only_by_their_estimate_errors
     assert spent <= limit + error
     (month,) = budgets(gw)[("key", "k")]["budgets"]
     assert Decimal(str(month["spent"])) == spent and month["reserved"] == 0
+
+
+async def burst(gws: list[Gateway], n: int, max_tokens: int = 12) -> list[httpx.Response]:
+    """`n` chat requests spread over the replicas, all at once."""
+    body = {"model": "gpt-4o", "messages": PROMPT, "max_tokens": max_tokens}
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as c:
+        return list(
+            await asyncio.gather(
+                *(
+                    c.post(
+                        f"{gws[i % len(gws)].url}/v1/chat/completions",
+                        json=body,
+                        headers=gws[i % len(gws)].headers(),
+                    )
+                    for i in range(n)
+                )
+            )
+        )
+
+
+def spent_of(answers: list[httpx.Response]) -> tuple[Decimal, Decimal]:
+    """What the admitted ones cost, and by how much they passed their estimates."""
+    costs = [hand_cost(r.json()["usage"], "gpt-4o") for r in answers if r.status_code == 200]
+    error = sum((max(Decimal(0), c - estimate(12)) for c in costs), Decimal(0))
+    return sum(costs, Decimal(0)), error
+
+
+async def test_two_replicas_sharing_redis_hold_one_budget_across_a_redis_restart(
+    sim: Sim, make_gateway: Make, redis: Redis, tmp_path: Any
+) -> None:
+    limit = Decimal("0.002")  # about 12 estimates of 0.000165
+    key = {"budgets": [{"period": "day", "max_cost": str(limit)}]}
+    shared = spec({"k": key}, database={"path": str(tmp_path / "shared.sqlite3")})
+    shared.env = {"TOKENGATE_REDIS_URL": redis.url}
+    one = make_gateway(shared, sim.url)
+    shared.secrets = one.keys  # the same client key on both replicas
+    two = make_gateway(shared, sim.url)
+    answers = await burst([one, two], 60)
+    spent, error = spent_of(answers)
+    refused = [r for r in answers if r.status_code == 429]
+    assert refused and all(r.json()["error"]["code"] == "budget_exceeded" for r in refused)
+    # alone, each replica would have let about the whole budget through
+    assert spent <= limit + error
+    await asyncio.sleep(2.5)  # flushed to the ledger and read back by both replicas
+    redis.kill()
+    redis.start()  # empty: nothing persisted
+    # the budget is rebuilt from the durable spend: what is left still holds
+    more = await burst([one, two], 30)
+    extra, more_error = spent_of(more)
+    assert spent + extra <= limit + error + more_error
+    states = {httpx.get(f"{g.url}/health/ready").json()["redis"]["state"] for g in (one, two)}
+    assert states == {"shared"}
 
 
 def test_spend_survives_a_restart_of_the_gateway(sim: Sim, make_gateway: Make) -> None:
