@@ -3,7 +3,7 @@ failures (and lost acknowledgements), retention."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -17,14 +17,6 @@ from app.limits.ledger import Ledger, UsageEntry
 from tests.support.clock import FakeClock
 
 T0 = 1_750_000_040.0  # 40 s into a minute, 440 s into an hour
-
-
-@pytest.fixture
-async def db(database_cfg: DatabaseConfig) -> AsyncIterator[Database]:
-    database = Database(database_cfg)
-    await migrate.prepare(database)
-    yield database
-    await database.close()
 
 
 class FlakyBook(UsageBook):

@@ -4,7 +4,6 @@ PostgreSQL)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,7 @@ import pytest
 
 from app.billing.budgets import Amount
 from app.billing.periods import Calendar
-from app.config.schema import DatabaseConfig, LedgerConfig
-from app.db import migrate
+from app.config.schema import LedgerConfig
 from app.db.budgets import BudgetOverride, SpendBook
 from app.db.engine import Database
 from app.db.usage import UsageBook
@@ -136,14 +134,6 @@ async def test_a_model_without_a_price_is_refused_to_a_key_with_a_cost_budget(
         await gate.reserve(key(rt, "alice"), Amount(0, 10), priced=False)
     # bob's team caps tokens only: an unpriced model is counted in tokens
     assert await gate.reserve(key(rt, "bob"), Amount(0, 10), priced=False) is not None
-
-
-@pytest.fixture
-async def db(database_cfg: DatabaseConfig) -> AsyncIterator[Database]:
-    database = Database(database_cfg)
-    await migrate.prepare(database)
-    yield database
-    await database.close()
 
 
 async def test_after_a_restart_the_spend_is_read_back_and_a_spent_budget_stays_spent(
