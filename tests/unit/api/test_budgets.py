@@ -172,3 +172,34 @@ async def test_the_status_page_shows_each_keys_fullest_budget_and_warns_near_it(
     assert {"level": "warning", "text": "team ml: 90% of its day cost budget spent"} in (
         snap["attention"]
     )
+
+
+async def test_a_reload_applies_new_prices_budgets_and_time_zone(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    from app.runtime import compile_runtime
+    from tests.support.inproc import local_settings
+
+    client = await make_client(SETTINGS)
+    gw = gateway_of(client)
+    changed = {
+        **SETTINGS,
+        "billing": {
+            "currency": "CNY",
+            "timezone": "UTC",
+            "prices": {"m-1": {"input": 1, "output": 1}},
+        },
+        "teams": [{"name": "ml", "budgets": [{"period": "week", "max_tokens": 10}]}],
+        "database": {"path": str(tmp_path / "reloaded.sqlite3")},
+    }
+    runtime = compile_runtime(local_settings(tmp_path, changed), {"TAOTOKEN_API_KEY": "k"})
+    notes = gw.reload(runtime)
+    assert any("billing.timezone changed" in n for n in notes)
+    assert gw.calendar.timezone == "UTC" and gw.ledger.calendar is gw.calendar
+    assert gw.pipeline.prices.price("m-1") is not None
+    alice = next(k for k in gw.runtime.keys if k.alias == "alice")
+    assert [b.name for b in gw.spend.budgets_of(alice, time.time())] == [
+        "month_cost",
+        "month_tokens",
+        "week_tokens",
+    ]
