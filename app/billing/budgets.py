@@ -95,13 +95,17 @@ class Tally:
         self, budgets: Iterable[Budget], windows: Mapping[Period, Window], need: Amount
     ) -> Over | None:
         """The first budget `need` does not fit in, or None when all have room."""
+        base, since, reserved = self.base, self.since, self.reserved
         for budget in budgets:
             window = windows[budget.period]
             key = (budget.scope, budget.owner, window.id)
-            spent, held = self.spent(key).of(budget.metric), self.held(key).of(budget.metric)
-            want = need.of(budget.metric)
-            if spent + held + want > budget.limit:
-                return Over(budget, window, spent, held, want)
+            i = _INDEX[budget.metric]
+            spent = base[key][i] if key in base else 0
+            if key in since:
+                spent += since[key][i]
+            held = reserved[key][i] if key in reserved else 0
+            if spent + held + need[i] > budget.limit:
+                return Over(budget, window, spent, held, need[i])
         return None
 
     def reserve(self, keys: Sequence[SpendKey], amount: Amount) -> None:

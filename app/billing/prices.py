@@ -2,8 +2,10 @@
 
 Money is an integer count of nano-units (1e-9 of `billing.currency`) wherever it is
 stored or added up, so a month of requests sums exactly in SQL and in Python. A price
-is per million tokens, so one token at price P costs P x 1000 nano-units: a request's
-cost is computed in `Decimal` and rounded once, half to even, to a whole nano-unit.
+is per million tokens, so one token at price P costs P x 1000 nano-units. Prices have
+at most 9 decimals (the configuration says so), so a request's cost is exact in
+integers of 1e-6 nano-unit (`_SCALE`) and rounded once, half to even, to a whole
+nano-unit: integer arithmetic, a fraction of the cost of `Decimal` on the request path.
 
 Which tokens are which (each prompt token is counted once, in cost as in the limits):
 
@@ -24,14 +26,14 @@ with neither has no price: its cost is unknown (`None`), never zero.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import NamedTuple
 
 from app.config.schema import PriceConfig
 
 NANOS = 10**9  # nano-units per currency unit
-_PER_TOKEN = Decimal(NANOS) / Decimal(10**6)  # nano-units per token at a price of 1 per million
+_SCALE = 10**6  # a token's price is kept in 1e-6 nano-units: price per million x 1e9
 
 
 class Tokens(NamedTuple):
@@ -51,6 +53,8 @@ class Price:
     output: Decimal
     cached_input: Decimal
     cache_write: Decimal
+    # per token in 1e-6 nano-units: input, output, cached input, cache write
+    rates: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, cfg: PriceConfig) -> Price:
@@ -61,18 +65,25 @@ class Price:
             cfg.input if cfg.cache_write is None else cfg.cache_write,
         )
 
+    def __post_init__(self) -> None:
+        rates = (self.input, self.output, self.cached_input, self.cache_write)
+        object.__setattr__(self, "rates", tuple(_fine(r) for r in rates))
+
     def cost(self, tokens: Tokens) -> int:
         """Nano-units; cached and written tokens beyond the prompt are not believed."""
-        cached = min(max(0, tokens.cached), max(0, tokens.prompt))
-        written = min(max(0, tokens.cache_write), max(0, tokens.prompt) - cached)
-        plain = max(0, tokens.prompt) - cached - written
-        total = (
-            plain * self.input
-            + cached * self.cached_input
-            + written * self.cache_write
-            + max(0, tokens.completion) * self.output
-        ) * _PER_TOKEN
-        return int(total.to_integral_value(rounding=ROUND_HALF_EVEN))
+        prompt = max(0, tokens.prompt)
+        cached = min(max(0, tokens.cached), prompt)
+        written = min(max(0, tokens.cache_write), prompt - cached)
+        rate_in, rate_out, rate_cached, rate_write = self.rates
+        fine = (
+            (prompt - cached - written) * rate_in
+            + cached * rate_cached
+            + written * rate_write
+            + max(0, tokens.completion) * rate_out
+        )
+        whole, rest = divmod(fine, _SCALE)
+        half = _SCALE // 2
+        return whole + 1 if rest > half or (rest == half and whole % 2) else whole
 
 
 class PriceList:
@@ -99,6 +110,11 @@ class PriceList:
 
     def unpriced(self, models: Iterable[str]) -> list[str]:
         return sorted({m for m in models if m not in self._prices})
+
+
+def _fine(price: Decimal) -> int:
+    """A price per million tokens as 1e-6 nano-units per token (exact to 9 decimals)."""
+    return int(price * NANOS)
 
 
 def to_nanos(amount: Decimal) -> int:

@@ -63,6 +63,7 @@ class Hold:
     keys: tuple[SpendKey, ...]  # the slots' spend keys when it was made
     need: Amount
     shared: str | None = None  # its id, when held in Redis
+    gen: int = -1  # the periods it was made in (`SpendGate._gen`)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,13 @@ class SpendGate:
         self.shared: SharedSpend | None = None  # set by the gateway when Redis is configured
         self._running: dict[str, Hold] = {}  # held in Redis, renewed until settled
         self._windows: dict[Period, Window] = {}
+        self._since = self._until = 0.0  # when the current windows all hold
+        self._gen = 0  # counts the windows' changes
+        self._both: dict[str, tuple[Sequence[Budget], Sequence[Budget], Sequence[Budget]]] = {}
+        # per key alias: (gen, budgets, slots, spend keys) of its last request
+        self._plans: dict[
+            str, tuple[int, Sequence[Budget], tuple[Slot, ...], tuple[SpendKey, ...]]
+        ] = {}
         self._overrides: dict[tuple[str, str], list[BudgetOverride]] = {}
         self.configure(runtime)
 
@@ -135,8 +143,7 @@ class SpendGate:
                 param="model",
             )
         windows = self.windows(now)
-        slots = tuple(dict.fromkeys((b.scope, b.owner, b.period) for b in budgets))
-        keys = tuple((s, o, windows[p].id) for s, o, p in slots)
+        slots, keys = self._slots(key.alias, budgets, windows)
         if self.shared is not None:
             hold = await self._shared(budgets, windows, slots, keys, need, now)
             if hold is not None:
@@ -145,11 +152,24 @@ class SpendGate:
         if over is not None:
             raise self.refusal(over)
         self.tally.reserve(keys, need)
-        return Hold(slots, keys, need)
+        return Hold(slots, keys, need, gen=self._gen)
+
+    def _slots(
+        self, alias: str, budgets: Sequence[Budget], windows: dict[Period, Window]
+    ) -> tuple[tuple[Slot, ...], tuple[SpendKey, ...]]:
+        """The (scope, owner, period) a request holds in, and their spend keys now; kept
+        per key while the periods and the budgets stand (the request path's cost)."""
+        plan = self._plans.get(alias)
+        if plan is not None and plan[0] == self._gen and plan[1] is budgets:
+            return plan[2], plan[3]
+        slots = tuple(dict.fromkeys((b.scope, b.owner, b.period) for b in budgets))
+        keys = tuple((s, o, windows[p].id) for s, o, p in slots)
+        self._plans[alias] = (self._gen, budgets, slots, keys)
+        return slots, keys
 
     async def _shared(
         self,
-        budgets: list[Budget],
+        budgets: Sequence[Budget],
         windows: dict[Period, Window],
         slots: tuple[Slot, ...],
         keys: tuple[SpendKey, ...],
@@ -166,7 +186,7 @@ class SpendGate:
         if decided is not True:
             raise self.refusal(decided)
         self.tally.reserve(keys, need)  # this process's view, should Redis go away
-        hold = self._running[hold_id] = Hold(slots, keys, need, hold_id)
+        hold = self._running[hold_id] = Hold(slots, keys, need, hold_id, self._gen)
         return hold
 
     def settle(self, hold: Hold, actual: Amount) -> None:
@@ -174,7 +194,11 @@ class SpendGate:
         Redis, by a task handed to `spawn`, when it was held there). Never waits."""
         self.tally.release(hold.keys, hold.need)
         windows = self.windows(self.clock())
-        current = tuple((s, o, windows[p].id) for s, o, p in hold.slots)
+        current = (
+            hold.keys
+            if hold.gen == self._gen
+            else tuple((s, o, windows[p].id) for s, o, p in hold.slots)
+        )
         if actual != ZERO:
             self.tally.settle(current, actual)
         if hold.shared is not None:
@@ -235,11 +259,19 @@ class SpendGate:
         return f"{value:,} tokens"
 
     # -- budgets and periods ----------------------------------------------------------------
-    def budgets_of(self, key: KeySpec, now: float) -> list[Budget]:
+    def budgets_of(self, key: KeySpec, now: float) -> Sequence[Budget]:
         """The key's budgets and its team's, live overrides applied."""
+        team = () if key.team is None else self.teams.get(key.team, ())
+        if not self._overrides:  # the usual case: nothing built per request
+            if not team:
+                return key.budgets
+            both = self._both.get(key.alias)
+            if both is None or both[0] is not key.budgets or both[1] is not team:
+                both = self._both[key.alias] = (key.budgets, team, key.budgets + team)
+            return both[2]
         out = self._effective("key", key.alias, key.budgets, now)
         if key.team is not None:
-            out += self._effective("team", key.team, self.teams.get(key.team, ()), now)
+            out += self._effective("team", key.team, team, now)
         return out
 
     def _effective(
@@ -260,14 +292,18 @@ class SpendGate:
 
     def windows(self, now: float) -> dict[Period, Window]:
         """The current period of each kind (recomputed only when one ends)."""
-        found = self._windows
-        if not found or not all(_holds(w, now) for w in found.values()):
-            found = self._windows = {w.period: w for w in self.calendar.windows(now)}
-        return found
+        if not self._since <= now < self._until:
+            found = self.calendar.windows(now)
+            self._windows = {w.period: w for w in found}
+            ends = [w.end for w in found if w.end is not None]
+            self._since = max(w.start for w in found if w.start is not None)
+            self._until = min(ends)
+            self._gen += 1
+        return self._windows
 
     def windows_changed(self) -> None:
         """The calendar changed (time zone): periods are computed anew."""
-        self._windows = {}
+        self._since, self._until = 0.0, 0.0
 
     def set_overrides(self, overrides: Iterable[BudgetOverride]) -> None:
         by_owner: dict[tuple[str, str], list[BudgetOverride]] = {}
@@ -360,10 +396,6 @@ class SpendGate:
                 )
             )
         return out
-
-
-def _holds(w: Window, now: float) -> bool:
-    return (w.start is None or w.start <= now) and (w.end is None or now < w.end)
 
 
 def _owner(b: Budget) -> str:
