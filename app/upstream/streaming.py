@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from app.limits.estimate import TextCounter
-from app.upstream.usage import anthropic_cache, cached_tokens
+from app.upstream.usage import anthropic_cache, cache_writes, cached_tokens
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
@@ -143,6 +143,7 @@ class SseRelay:
         if isinstance(usage, dict):
             self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
             self.cached_tokens = cached_tokens(usage)
+            self.cache_write_tokens = cache_writes(usage)
             if self.strip and not choices:
                 return False
         return True

@@ -50,7 +50,9 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
         prompt = _int(usage.get("input_tokens")) + read + write
         return Usage(prompt, _int(usage.get("output_tokens")), model, True, read, write)
     prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
-    return Usage(prompt, completion, model, cached=cached_tokens(usage))
+    return Usage(
+        prompt, completion, model, cached=cached_tokens(usage), cache_write=cache_writes(usage)
+    )
 
 
 def cached_tokens(usage: dict[str, Any]) -> int:
@@ -61,6 +63,13 @@ def cached_tokens(usage: dict[str, Any]) -> int:
     if isinstance(details, dict) and "cached_tokens" in details:
         return _int(details["cached_tokens"])
     return _int(usage.get("cache_read_input_tokens"))
+
+
+def cache_writes(usage: dict[str, Any]) -> int:
+    """Prompt tokens written to OpenAI's cache (`prompt_tokens_details.cache_write_tokens`,
+    part of `prompt_tokens`, priced at `billing.prices.*.cache_write` when set)."""
+    details = usage.get("prompt_tokens_details")
+    return _int(details.get("cache_write_tokens")) if isinstance(details, dict) else 0
 
 
 def anthropic_cache(usage: dict[str, Any]) -> tuple[int, int]:

@@ -292,3 +292,37 @@ def test_models_without_a_price_are_named_by_check_and_at_start(
         model="claude-sonnet", messages=PROMPT, max_tokens=4
     )
     assert answer.headers["x-tokengate-cost"] == "unknown"  # served, never priced at zero
+
+
+def test_cached_tokens_of_the_sims_prompt_cache_are_priced_at_their_own_rate(
+    make_sim: Callable[..., Sim], make_gateway: Make
+) -> None:
+    helped = subprocess.run(
+        [sys.executable, "-m", "app.cli", "sim", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    if "--cache-min-tokens" not in helped:
+        pytest.skip("the sim's prompt cache (issue #25, app/sim/cache.py) is not in this tree")
+    sim = make_sim("--cache-min-tokens", "64")
+    gw = make_gateway(spec({"alice": {}}), sim.url)
+    long = " ".join(f"word{i}" for i in range(600))  # well past 64 of the sim's tokens
+    messages = [{"role": "system", "content": long}, *PROMPT]
+    client, usages = gw.openai(), []
+    expected = Decimal(0)
+    for _ in range(2):  # the second reads the first's prefix from the sim's cache
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=messages, max_tokens=8
+        )
+        usage = raw.parse().usage.model_dump()
+        usages.append(usage)
+        cost = hand_cost(usage, "gpt-4o")
+        assert raw.headers["x-tokengate-cost"] == f"{cost.normalize():f} USD"
+        expected += cost
+    cached = (usages[1].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    assert cached > 0 and usages[1]["prompt_tokens"] == usages[0]["prompt_tokens"]
+    (row,) = httpx.get(f"{gw.url}/admin/usage", headers=ADMIN_H).json()["data"]
+    assert row["cached_tokens"] == cached and row["prompt_tokens"] == 2 * usages[0]["prompt_tokens"]
+    assert Decimal(str(row["cost"])) == expected
