@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
-from app.api import admin, batches, errors, health, openai, stored_responses, ui
+from app.api import admin, batches, budgets, errors, health, openai, stored_responses, ui
 from app.api.access import AccessRecorder
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
@@ -78,6 +78,7 @@ def create_app(
     app.include_router(stored_responses.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    app.include_router(budgets.router)
     if runtime.settings.ui.enabled:
         ui.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -89,7 +90,7 @@ def create_app(
         draining=lambda: gateway.draining,
         max_header_bytes=server.max_header_bytes,
         max_headers=server.max_headers,
-        recorder=AccessRecorder(gateway.metrics),
+        recorder=AccessRecorder(gateway.metrics, lambda: gateway.runtime.settings.billing.currency),
     )
 
 

@@ -22,6 +22,7 @@ code), and `domain` is "none": no domain was chosen for a request refused here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import Scope
@@ -29,6 +30,8 @@ from starlette.types import Scope
 from app.errors import GatewayError, KeyExpired
 from app.metrics import Metrics
 from app.pipeline.core import NO_DOMAIN, access_log
+from app.pipeline.trace import Trace
+from app.runtime import KeySpec
 from app.status.recent import Failure
 
 ANONYMOUS = "anonymous"
@@ -40,10 +43,11 @@ _QUIET = frozenset({"/health", "/health/ready", "/metrics"})
 class AccessNote:
     """What the layers of one request learned about it, for its access-log line."""
 
-    __slots__ = ("endpoint", "error", "handled", "key", "message", "model")
+    __slots__ = ("endpoint", "error", "handled", "key", "message", "model", "team")
 
     def __init__(self) -> None:
         self.key = ANONYMOUS
+        self.team: str | None = None
         self.endpoint: str | None = None
         self.model: str | None = None
         self.error: str | None = None
@@ -56,10 +60,10 @@ def note_of(scope: Scope) -> AccessNote | None:
     return None if state is None else state.get("access")
 
 
-def identify(scope: Scope, alias: str) -> None:
-    """The caller authenticated as `alias`."""
+def identify(scope: Scope, key: KeySpec) -> None:
+    """The caller authenticated as `key`."""
     if (note := note_of(scope)) is not None:
-        note.key = alias
+        note.key, note.team = key.alias, key.team
 
 
 def refused(scope: Scope, exc: GatewayError) -> None:
@@ -73,8 +77,9 @@ def refused(scope: Scope, exc: GatewayError) -> None:
 
 
 class AccessRecorder:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, currency: Callable[[], str] = lambda: "USD") -> None:
         self.metrics = metrics
+        self.currency = currency  # billing.currency in force (a reload may change it)
 
     def wanted(self, method: str, path: str, status: int) -> bool:
         if path in _QUIET and method in ("GET", "HEAD"):
@@ -97,30 +102,19 @@ class AccessRecorder:
             failure = Failure(request_id, note.key, note.model, None, code, error, message)
             self.metrics.record_error(failure)
         if access_log.isEnabledFor(logging.INFO):
-            access_log.info("request", extra={"fields": _fields(note, request_id, code, error, ms)})
+            fields = _fields(note, request_id, code, error, ms)
+            fields["currency"] = self.currency()
+            access_log.info("request", extra={"fields": fields})
 
 
 def _fields(
     note: AccessNote, request_id: str, status: int, error: str | None, ms: float
 ) -> dict[str, object]:
-    """The pipeline line's fields (`app.pipeline.trace.Trace.fields`), for a request that
-    reached no domain."""
-    return {
-        "request_id": request_id,
-        "key": note.key,
-        "endpoint": note.endpoint,
-        "model": note.model,
-        "requested_model": note.model,
-        "domain": NO_DOMAIN,
-        "status": status,
-        "error": error,
-        "stream": False,
-        "queue_ms": 0.0,
-        "upstream_ms": 0.0,
-        "duration_ms": round(ms, 2),
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "usage_estimated": False,
-        "fallback": False,
-        "attempts": [],
-    }
+    """The pipeline line's fields, from the pipeline's own `Trace` (so both stay one
+    schema), for a request that reached no domain and consumed nothing."""
+    trace = Trace(request_id, note.key, note.endpoint or "", note.model, False, 0.0)
+    trace.status, trace.error = status, error
+    fields = trace.fields(ms)
+    fields["cost"] = "0"  # refused before admission: nothing consumed, as the pipeline says
+    fields["team"] = note.team
+    return fields

@@ -29,7 +29,7 @@ def caller_of(scope: Scope, gateway: Gateway) -> KeySpec:
         elif name == b"x-api-key":
             api_key = value.decode("latin-1")
     caller = gateway.keys.authenticate(authorization, api_key)
-    identify(scope, caller.alias)
+    identify(scope, caller)
     return caller
 
 

@@ -107,7 +107,7 @@ class EdgeRoutes:
         caller = gateway.keys.authenticate(authorization, api_key)
         note = scope["state"].get("access")
         if note is not None:
-            note.key = caller.alias
+            note.key, note.team = caller.alias, caller.team
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)

@@ -30,7 +30,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -253,6 +253,19 @@ class RedisStore:
 
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         return RedisPacer(self, f"{self.prefix}pace:{{{domain}}}", state)
+
+    async def budget(self, keys: Sequence[str], args: Sequence[object]) -> Any | None:
+        """One call of `budget.lua` (app/limits/shared_spend.py), in the next round trip;
+        None when Redis did not answer (the budgets are then decided per replica)."""
+        if not self.usable:
+            return None
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._ops.append((Call("budget.lua", tuple(keys), tuple(args)), waiter))
+        self._kick()
+        try:
+            return await waiter
+        except _Unavailable:
+            return None
 
     @property
     def divisor(self) -> int:

@@ -10,7 +10,11 @@
                        head of the queue, slot again, attempts again (no retry spent)
                        upstream 429 insufficient_quota           429 at once
               └► answer: JSON (slot freed now) or stream (slot freed at its end)
-          └► finish: settle the reservation with real usage, metrics, one log line
+          └► finish: settle the reservation with real usage, price it, metrics, one log line
+
+Admission also holds the request's estimated cost against the key's and team's budgets
+(the prompt estimate at the model's input price and the output allowance at its output
+price); `finish` prices what was consumed (`app.billing.prices`) and settles to that.
 
 Everything after admission ends in `finish` exactly once, whatever happens (error,
 client disconnect, stream drop). No FastAPI here: handlers translate HTTP to a
@@ -25,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from itertools import chain
 
+from app.billing.prices import PriceList, Tokens, render
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
 from app.dispatch.routing import rank, serving
@@ -49,6 +54,7 @@ from app.runtime import KeySpec, Runtime
 from app.status.recent import Failure
 from app.tracing import AttemptSpan, RequestSpan, Tracer
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
+from app.upstream.delivered import delivered_tokens
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.transport import UpstreamResponse
 from app.upstream.usage import Usage, parse_usage
@@ -94,6 +100,8 @@ class Pipeline:
         )
         self.aliases = runtime.settings.model_aliases
         self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
+        billing = runtime.settings.billing
+        self.prices = PriceList(billing.prices, billing.currency)
         # Domains by the API they speak (anthropic or not), looked up per request.
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
         self.responders = [d for d in self.speaking[False] if d.spec.responses]
@@ -134,14 +142,17 @@ class Pipeline:
             )
         try:
             requested, first = self._plan(call)
-            ticket = await self.admission.admit(call.key, call.cost(self.default_max_tokens))
+            cost = call.cost(self.default_max_tokens)
+            ticket = await self.admission.admit(call.key, cost, self._spend(call, requested, cost))
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
         try:
             reply, domain, model, slot = await self._execute(call, requested, first, trace)
         except BaseException as exc:
-            self._finish(call, trace, ticket, _status_of(exc), exc=exc)
+            status = _status_of(exc)
+            failed = self._abandoned(call, trace, status)
+            self._finish(call, trace, ticket, status, exc=exc, failed=failed)
             raise
         trace.domain, trace.fallback = domain.name, model != requested
         if call.stream:
@@ -159,6 +170,41 @@ class Pipeline:
             )
         slot.release()
         return self._json_answer(call, trace, ticket, reply, domain)
+
+    # -- spend ------------------------------------------------------------------------
+    def _spend(self, call: ClientRequest, model: str, tokens: int) -> int | None:
+        """What the request may cost (nano-units): the prompt estimate at the input price,
+        the rest of its token reservation at the output price; None: no price."""
+        prompt = min(call.prompt_tokens, tokens)
+        return self.prices.cost(Tokens(prompt, tokens - prompt), model)
+
+    @staticmethod
+    def _abandoned(call: ClientRequest, trace: Trace, status: int) -> tuple[int, int]:
+        """The client left while the upstream had its (non-streamed) request: the upstream
+        read the prompt and charges for it, and nothing of the answer was delivered, so
+        the prompt estimate is what was consumed (flagged estimated)."""
+        if status == 499 and trace.attempts and trace.attempts[-1].outcome == "cancelled":
+            trace.estimated = True
+            return call.prompt_tokens, 0
+        return 0, 0
+
+    def _priced(self, call: ClientRequest, trace: Trace, failed: tuple[int, int]) -> int | None:
+        """The cost of what the request consumed (failed attempts' tokens included), at
+        the price of the model the gateway sent, else the one the upstream named."""
+        tokens = Tokens(
+            trace.prompt_tokens + failed[0],
+            trace.completion_tokens + failed[1],
+            trace.cached_tokens,
+            trace.cache_write_tokens,
+        )
+        if not (tokens.prompt or tokens.completion):
+            return 0  # nothing consumed costs nothing, priced or not
+        sent = trace.attempts[-1].model if trace.attempts else None
+        return self.prices.cost(tokens, sent, trace.model)
+
+    def spend_text(self, nanos: int | None) -> str:
+        """`x-tokengate-cost`: `0.000123 USD`, or `unknown` for a model without a price."""
+        return "unknown" if nanos is None else f"{render(nanos)} {self.prices.currency}"
 
     # -- model and plan -------------------------------------------------------------
     def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
@@ -433,11 +479,18 @@ class Pipeline:
         assert usage is not None
         trace.model = usage.model or trace.attempts[-1].model
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
-        trace.cached_tokens = usage.cached
+        trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
         if call.endpoint.responses:
             self._responses_answer(call, trace, usage, domain)
-        self._finish(call, trace, ticket, 200)
-        headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
+        elif not usage.reported:  # a 200 without usage: count what it delivered
+            trace.prompt_tokens, trace.estimated = call.prompt_tokens, True
+            trace.completion_tokens = delivered_tokens(reply.first)
+        entry = self._finish(call, trace, ticket, 200)
+        headers = {
+            **ticket.headers(),
+            "x-tokengate-domain": domain.name,
+            "x-tokengate-cost": self.spend_text(entry.cost_nanos),
+        }
         ctype = reply.response.headers.get("content-type", "application/json")
         return JsonAnswer(200, reply.first, ctype, headers)
 
@@ -463,7 +516,7 @@ class Pipeline:
         *,
         exc: BaseException | None = None,
         failed: tuple[int, int] = (0, 0),
-    ) -> None:
+    ) -> UsageEntry:
         """Settle, count and log; exactly once per admitted request."""
         model = trace.model or (trace.attempts[-1].model if trace.attempts else call.model) or "-"
         entry = UsageEntry(
@@ -477,9 +530,15 @@ class Pipeline:
             domain=trace.domain or "-",
             cached_tokens=trace.cached_tokens,
             status=status,
+            team=call.key.team or "-",
+            cache_write_tokens=trace.cache_write_tokens,
+            estimated=trace.estimated,
+            cost_nanos=self._priced(call, trace, failed),
         )
         self.admission.settle(ticket, entry, dispatched=trace.dispatched)
+        self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
         self._log(trace, status, exc, entry)
+        return entry
 
     def _log(
         self,
@@ -512,9 +571,20 @@ class Pipeline:
                 )
             )
         if access_log.isEnabledFor(logging.INFO):
-            access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
+            fields = trace.fields(seconds * 1000)
+            # cost: a decimal string in `currency`, null when the model has no price; a
+            # request refused before admission consumed nothing
+            cost = 0 if usage is None else usage.cost_nanos
+            fields["cost"] = None if cost is None else render(cost)
+            fields["currency"] = self.prices.currency
+            fields["team"] = call_team(usage)
+            access_log.info("request", extra={"fields": fields})
         if trace.span is not None:
             trace.span.end(trace, status)
+
+
+def call_team(usage: UsageEntry | None) -> str | None:
+    return None if usage is None or usage.team == "-" else usage.team
 
 
 async def _traced(span: RequestSpan, domain: Domain, wait: Awaitable[Slot]) -> Slot:

@@ -45,7 +45,8 @@ class Trace:
     upstream_ms: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, read from the upstream's prompt cache
+    cache_write_tokens: int = 0  # of prompt_tokens, written to it
     estimated: bool = False
     fallback: bool = False
     attempts: list[Attempt] = field(default_factory=list)

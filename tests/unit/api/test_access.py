@@ -158,6 +158,8 @@ async def test_the_pipeline_line_is_the_only_one_and_probes_write_none(
     assert (await client.get("/v1/models", headers=auth(GOOD))).is_success
     got = [(line["endpoint"], line["key"], line["status"]) for line in lines()]
     assert got == [("chat", "alice", 200), ("/v1/models", "alice", 200)]
+    pipeline_line, recorded_line = lines()
+    assert set(recorded_line) == set(pipeline_line)  # one schema for every access line
     assert requests_total(metrics, domain="default", model="m-1", status="200") == 1
 
 
