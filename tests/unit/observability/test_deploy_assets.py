@@ -207,3 +207,13 @@ def test_dashboard_variables_are_defined() -> None:
     for expr in dashboard_exprs(dash):
         used = set(re.findall(r"\$\{?(\w+)", expr))
         assert used <= defined, f"undefined variables {sorted(used - defined)} in {expr}"
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    taken: dict[tuple[int, int], str] = {}
+    for panel in dashboard()["panels"]:
+        grid = panel["gridPos"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, f"{panel['title']} overlaps {taken[(x, y)]}"
+                taken[(x, y)] = panel["title"]
