@@ -161,6 +161,12 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise SystemExit("tokengate: --workers must be >= 1")
     runtime = load_runtime(files, no_auth=args.no_auth, workers=args.workers)  # validate first
+    from app.log import output_problem
+
+    # The cheap local refusal before the database's: a missing log directory is said first.
+    problem = output_problem(runtime.settings.logging.output, runtime.source)
+    if problem is not None:
+        raise ConfigError([problem])
     from app.db.commands import prepare_for_serve
 
     prepare_for_serve(runtime.settings)  # reachable, schema at head (an empty one created)

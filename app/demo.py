@@ -34,11 +34,14 @@ VAR = ROOT / "var"
 HOST = "127.0.0.1"
 
 
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"demo: a process exited early (code {proc.returncode}); see var/")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-5:])
+            raise SystemExit(
+                f"demo: a process exited early (code {proc.returncode}); the end of {log}:\n{tail}"
+            )
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
@@ -160,7 +163,16 @@ def _free_after(port: int, avoid: set[int]) -> int:
     )
 
 
-def _environment(sim_port: int, upstream_key: str, key: str) -> dict[str, str]:
+def _fresh_database(port: int) -> Path:
+    """A new SQLite file for this demo run (a trial's state is not kept: an older
+    tokengate's file could hold a schema this one refuses)."""
+    path = VAR / f"demo-{port}.sqlite3"
+    for stale in VAR.glob(f"{path.name}*"):  # with its -wal, -shm and .lock
+        stale.unlink()
+    return path
+
+
+def _environment(sim_port: int, upstream_key: str, key: str, db: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENGATE_")}
     env.update(
         TAOTOKEN_API_KEY=upstream_key,
@@ -169,7 +181,7 @@ def _environment(sim_port: int, upstream_key: str, key: str) -> dict[str, str]:
         # the seed's single domain speaks both dialects here: /v1/messages works too
         TOKENGATE_SCALE_UP__API_STYLE="both",
         TOKENGATE_LOGGING__OUTPUT=str(VAR / "demo-gateway.log"),
-        TOKENGATE_DATABASE__PATH=str(VAR / "demo-tokengate.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(db),
     )
     return env
 
@@ -211,12 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     VAR.mkdir(exist_ok=True)
     upstream_key, key = "sk-sim-" + secrets.token_hex(12), new_key()
-    env = _environment(args.sim_port, upstream_key, key)
+    env = _environment(args.sim_port, upstream_key, key, _fresh_database(args.port))
     sim, gateway = _start(args.port, args.sim_port, env, upstream_key)
     base = f"http://{HOST}:{args.port}"
     try:
-        _wait(f"http://{HOST}:{args.sim_port}/_sim/stats", sim)
-        _wait(f"{base}/health/ready", gateway)
+        _wait(f"http://{HOST}:{args.sim_port}/_sim/stats", sim, VAR / "demo-sim.log")
+        _wait(f"{base}/health/ready", gateway, VAR / "demo-serve.log")
         _ours(base, key)
         if args.smoke:
             return _smoke(base, key)

@@ -56,7 +56,11 @@ class Demo:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        self.printed = self._read_until("Ctrl-C stops both processes")
+        try:
+            self.printed = self._read_until("Ctrl-C stops both processes")
+        except BaseException:
+            self.stop()
+            raise
 
     def _read_until(self, marker: str, timeout: float = 90) -> str:
         assert self.proc.stdout is not None
@@ -77,8 +81,9 @@ class Demo:
         return [(title, body) for title, body in found]
 
     def stop(self) -> str:
-        self.proc.send_signal(signal.SIGINT)  # Ctrl-C
-        rest, _ = self.proc.communicate(timeout=30)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        rest, _ = self.proc.communicate(timeout=30)  # and the pipe is closed
         return rest
 
 
