@@ -126,8 +126,10 @@ def parse_call(
         max_tokens = _opt_int(body, "max_tokens", 1)
         if max_tokens is None:
             raise InvalidRequest("'max_tokens' is required", param="max_tokens")
-        system = body.get("system")
-        prompt = estimate.chat_prompt_tokens(messages) + estimate.input_tokens(system or "")
+        tools = body.get("tools")
+        prompt = estimate.chat_prompt_tokens(messages, tools) + estimate.system_tokens(
+            body.get("system")
+        )
     else:  # pragma: no cover - the routes only pass the endpoints above
         raise AssertionError(endpoint)
     return ClientRequest(

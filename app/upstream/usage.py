@@ -3,11 +3,19 @@
 Every answer must carry usage (the ledger depends on it). A 200 whose body is not a
 JSON object is not an answer: it fails the attempt (`bad_response`, retryable), since
 each sub-task's output is validated before it is billed (docs/design.md).
+
+Prompt tokens are counted once, whatever the dialect: OpenAI's `prompt_tokens` already
+includes its cached part (`prompt_tokens_details.cached_tokens`), while Anthropic's
+`input_tokens` leaves out `cache_read_input_tokens` and `cache_creation_input_tokens`,
+so for Anthropic the prompt is the sum of the three (what the model actually read).
+`cached` (read from the cache) and `cache_write` (written to it) say how much of that
+prompt the cache served or stored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -20,6 +28,8 @@ class Usage:
     completion: int
     model: str | None
     reported: bool = True
+    cached: int = 0  # prompt tokens served from the upstream's prompt cache
+    cache_write: int = 0  # prompt tokens written to it (Anthropic's cache creation)
 
 
 def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
@@ -36,9 +46,29 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
     if not isinstance(usage, dict):
         return Usage(0, 0, model, reported=False)
     if anthropic:
-        return Usage(_int(usage.get("input_tokens")), _int(usage.get("output_tokens")), model)
-    return Usage(_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), model)
+        read, write = anthropic_cache(usage)
+        prompt = _int(usage.get("input_tokens")) + read + write
+        return Usage(prompt, _int(usage.get("output_tokens")), model, True, read, write)
+    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    return Usage(prompt, completion, model, cached=cached_tokens(usage))
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """Prompt tokens read from the upstream's cache: OpenAI's
+    `prompt_tokens_details.cached_tokens` (part of `prompt_tokens`) or Anthropic's
+    `cache_read_input_tokens` (which Anthropic counts apart from `input_tokens`)."""
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and "cached_tokens" in details:
+        return _int(details["cached_tokens"])
+    return _int(usage.get("cache_read_input_tokens"))
+
+
+def anthropic_cache(usage: dict[str, Any]) -> tuple[int, int]:
+    """(cache read, cache creation) input tokens of an Anthropic usage object."""
+    return _int(usage.get("cache_read_input_tokens")), _int(
+        usage.get("cache_creation_input_tokens")
+    )
 
 
 def _int(value: object) -> int:
-    return value if isinstance(value, int) and value >= 0 else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
