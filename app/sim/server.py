@@ -7,6 +7,9 @@ balance (429 `insufficient_quota`). Answers are deterministic, with
 usage counted its own way. It also records what it received (`GET /_sim/records`),
 so tests can assert which key, headers and bodies reached it, and counts concurrent
 requests (`GET /_sim/stats`). Faults are set by flags or `PUT /_sim/faults`.
+A request offering tools is answered with a tool call (`tools.py`), and a prompt cache
+per simulator (`cache.py`) reports the cached part of each prompt, as a domain's
+upstream would; `DELETE /_sim/records` also empties it.
 The `/_sim/*` control routes have no auth: bind the simulator to loopback.
 """
 
@@ -28,9 +31,14 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from app.sim import shapes
+from app.sim.cache import PromptCache
 from app.sim.errors import SimError
 from app.sim.knobs import Faults, SimKnobs
+from app.sim.messages import count_tokens_body
 from app.sim.quota import Quota
+
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 class Sim:
@@ -44,6 +52,7 @@ class Sim:
         self.inflight = 0
         self.peak_inflight = 0
         self.counts: dict[str, int] = {}
+        self.cache = PromptCache(knobs.cache_entries, knobs.cache_min_tokens)
         self._seq = 0
 
     # -- bookkeeping --------------------------------------------------------------
@@ -52,6 +61,7 @@ class Sim:
         rec: dict[str, Any] = {
             "seq": self._seq,
             "path": request.url.path,
+            "query": request.url.query,
             "method": request.method,
             "headers": {k.lower(): v for k, v in request.headers.items()},
             "body": body,
@@ -152,7 +162,7 @@ class Sim:
 
     # -- the endpoint ---------------------------------------------------------------------
     async def handle(self, request: Request) -> Response:
-        anthropic = request.url.path == "/v1/messages"
+        anthropic = request.url.path == MESSAGES
         raw = await request.body()
         try:
             body: Any = orjson.loads(raw)
@@ -171,7 +181,7 @@ class Sim:
                     "invalid_request_error",
                 )
             model = self._model(body)
-            job = shapes.build(request.url.path, body, model, self.knobs)
+            job = shapes.build(request.url.path, body, model, self.knobs, self.cache)
             reset = await self._faults(request, rec)
             self._quota(job.quota_tokens)
             headers = self._rate_headers(time.monotonic())
@@ -219,6 +229,30 @@ class Sim:
         finally:
             self.inflight -= 1
 
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's `POST /v1/messages/count_tokens`: free, never against the quota."""
+        raw = await request.body()
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        rec = self._record(request, body)
+        try:
+            self._auth(request, anthropic=True)
+            if not isinstance(body, dict):
+                raise SimError(400, "We could not parse the JSON body.", "invalid_request_error")
+            self._model(body)
+            prompt = shapes.read_prompt("messages", body)
+        except SimError as err:
+            rec["status"] = err.status
+            self._count(err.status)
+            return _error(err, True)
+        rec["status"], rec["completed"] = 200, True
+        self._count(200)
+        return Response(
+            orjson.dumps(count_tokens_body(prompt.tokens)), media_type="application/json"
+        )
+
     # -- control plane ----------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
         try:
@@ -241,6 +275,7 @@ class Sim:
     async def clear(self, request: Request) -> Response:
         self.records.clear()
         self.counts.clear()
+        self.cache = PromptCache(self.knobs.cache_entries, self.knobs.cache_min_tokens)
         self.peak_inflight = self.inflight
         return Response(b"{}", media_type="application/json")
 
@@ -367,8 +402,10 @@ def create_sim_app(knobs: SimKnobs) -> Starlette:
     sim = Sim(knobs)
     paths = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     if knobs.anthropic:
-        paths.append("/v1/messages")
+        paths.append(MESSAGES)
     routes = [Route(p, sim.handle, methods=["POST"]) for p in paths]
+    if knobs.anthropic:
+        routes.append(Route(COUNT_TOKENS, sim.count_tokens, methods=["POST"]))
     routes += [
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/records", sim.get_records, methods=["GET"]),
