@@ -24,12 +24,14 @@ from app.api.responses import SseResponse, send_json
 from app.errors import GatewayError, InternalError, MethodNotAllowed
 from app.gateway import Gateway
 from app.pipeline.answer import Answer, JsonAnswer
-from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, Endpoint
+from app.pipeline.request import CHAT, COMPLETIONS, COUNT_TOKENS, EMBEDDINGS, MESSAGES, Endpoint
 from app.pipeline.wire import parse_call
 from app.upstream.client import forwardable
 
 log = logging.getLogger("tokengate.errors")
-ROUTES: dict[str, Endpoint] = {e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)}
+ROUTES: dict[str, Endpoint] = {
+    e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, COUNT_TOKENS)
+}
 
 
 class EdgeRoutes:
@@ -77,4 +79,6 @@ class EdgeRoutes:
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
+        if not endpoint.generates:
+            return await gateway.pipeline.count_tokens(call)
         return await gateway.pipeline.handle(call)

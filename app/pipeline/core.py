@@ -40,7 +40,9 @@ from app.limits.admission import Admission, Spawn, Ticket
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.metrics import Metrics
+from app.pipeline.aliases import Aliases
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
+from app.pipeline.count import count_tokens
 from app.pipeline.failure import client_error
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
@@ -83,14 +85,14 @@ class Pipeline:
             max_backoff=policy.max_backoff_ms / 1000,
             max_retry_after=policy.max_retry_after_ms / 1000,
         )
-        self.aliases = runtime.settings.model_aliases
+        self.aliases = Aliases(runtime.settings.model_aliases)
         self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
         # Domains by the API they speak (anthropic or not), looked up per request.
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
 
     # -- the entry point ----------------------------------------------------------
-    async def handle(self, call: ClientRequest) -> Answer:
-        trace = Trace(
+    def _trace(self, call: ClientRequest) -> Trace:
+        return Trace(
             call.request_id,
             call.key.alias,
             call.endpoint.name,
@@ -98,6 +100,9 @@ class Pipeline:
             call.stream,
             call.started or self.clock(),
         )
+
+    async def handle(self, call: ClientRequest) -> Answer:
+        trace = self._trace(call)
         try:
             requested, first = self._plan(call)
             ticket = await self.admission.admit(call.key, call.cost(self.default_max_tokens))
@@ -126,10 +131,22 @@ class Pipeline:
         slot.release()
         return self._json_answer(call, trace, ticket, reply, domain)
 
+    async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
+        """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;
+        counted and logged like any answer."""
+        trace = self._trace(call)
+        try:
+            answer = await count_tokens(self, call, trace)
+        except GatewayError as exc:
+            self._log(trace, exc.status, exc)
+            raise
+        self._log(trace, answer.status, None)
+        return answer
+
     # -- model and plan -------------------------------------------------------------
-    def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
-        """The model to serve and the domains serving it; fallbacks are planned only when
-        this one fails (`_fallbacks`)."""
+    def resolve(self, call: ClientRequest) -> tuple[str, str]:
+        """(the model asked for, the model to serve): default route, then aliases; 400
+        without either, 403 when the key may not use it."""
         asked = call.model or self.runtime.default_model
         if not asked:
             raise InvalidRequest(
@@ -137,12 +154,23 @@ class Pipeline:
                 param="model",
                 code="missing_model",
             )
-        target = self.aliases.get(asked, asked)
+        target = self.aliases.resolve(asked, self._listed)
         key = call.key
         if not self._allowed(key.models, asked, target):
             raise PermissionDenied(
                 f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
             )
+        return asked, target
+
+    def _listed(self, model: str) -> bool:
+        """Some domain lists `model` (a pattern alias never hides a served model)."""
+        return any(model in (d.models() or ()) for d in self.domains)
+
+    def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
+        """The model to serve and the domains serving it; fallbacks are planned only when
+        this one fails (`_fallbacks`)."""
+        asked, target = self.resolve(call)
+        key = call.key
         domains = self.speaking[call.endpoint.anthropic]
         if not domains:
             raise NotFound(
@@ -159,7 +187,7 @@ class Pipeline:
         domains = self.speaking[call.endpoint.anthropic]
         key = call.key
         for name in self.runtime.fallbacks:
-            fb = self.aliases.get(name, name)
+            fb = self.aliases.resolve(name, self._listed)
             if fb == target or not self._allowed(key.models, name, fb):
                 continue
             candidates = serving(domains, fb, key.domain)

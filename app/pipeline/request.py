@@ -25,6 +25,7 @@ class Endpoint:
     streamable: bool
     anthropic: bool = False
     usage_in_stream: bool = True  # accepts stream_options.include_usage
+    generates: bool = True  # False: answered without generation (no limits, no queue)
 
 
 CHAT = Endpoint("chat", "/v1/chat/completions", streamable=True)
@@ -32,6 +33,14 @@ COMPLETIONS = Endpoint("completions", "/v1/completions", streamable=True)
 EMBEDDINGS = Endpoint("embeddings", "/v1/embeddings", streamable=False)
 MESSAGES = Endpoint(
     "messages", "/v1/messages", streamable=True, anthropic=True, usage_in_stream=False
+)
+COUNT_TOKENS = Endpoint(
+    "count_tokens",
+    "/v1/messages/count_tokens",
+    streamable=False,
+    anthropic=True,
+    usage_in_stream=False,
+    generates=False,
 )
 
 
