@@ -350,6 +350,7 @@ class Gateway:
                 await domain.dispatcher.pacer.sync()  # what other replicas learned
             self._sync_gauges()
             self.admission.overrides.update(await self.store.housekeeping())
+            await self.pipeline.gate.housekeeping()  # shared leases renewed, live caps
 
     async def _flush_ledger(self) -> None:
         """Settled requests reach the ledger's file every `ledger.flush_interval_sec`: a
@@ -382,6 +383,12 @@ class Gateway:
     def limits_shared(self) -> bool:
         return self.store.shared
 
+    async def set_key_concurrency(self, key: KeySpec, cap: int) -> int:
+        """A live `max_concurrent` (admin API), shared with every replica through Redis."""
+        await self.pipeline.gate.set_cap(key.alias, cap)
+        log.warning("max_concurrent of key %s set live to %d", key.alias, cap)
+        return cap
+
     async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
         """A live per-key limit (admin API), shared with every replica through Redis."""
         current = self.admission.overrides.get(key.alias) or Limits(
@@ -400,4 +407,5 @@ def _anonymous(settings: Any) -> KeySpec:
         digests=(),
         tokens_per_minute=settings.rate_limit.tokens_per_minute,
         requests_per_minute=settings.rate_limit.requests_per_minute,
+        max_concurrent=settings.rate_limit.max_concurrent,
     )

@@ -49,6 +49,8 @@ class KeySpec:
     models: frozenset[str] | None = None
     domain: str | None = None
     expires_at: datetime | None = None
+    reserve_output: str | None = None  # None: rate_limit.reserve_output
+    max_concurrent: int | None = None  # None: no cap
 
 
 @dataclass(frozen=True)
@@ -216,11 +218,15 @@ def _keys(
                 )
             digests.add(digest)
         aliases.add(key.alias)
-        out.append(_key_spec(key, limits.tokens_per_minute, limits.requests_per_minute))
+        out.append(
+            _key_spec(
+                key, limits.tokens_per_minute, limits.requests_per_minute, limits.max_concurrent
+            )
+        )
     return out
 
 
-def _key_spec(key: KeyConfig, tpm: int, rpm: int) -> KeySpec:
+def _key_spec(key: KeyConfig, tpm: int, rpm: int, concurrent: int | None = None) -> KeySpec:
     expires = key.expires_at
     if expires is not None and expires.tzinfo is None:
         expires = expires.replace(tzinfo=UTC)
@@ -233,4 +239,6 @@ def _key_spec(key: KeyConfig, tpm: int, rpm: int) -> KeySpec:
         models=frozenset(key.models) if key.models is not None else None,
         domain=key.domain,
         expires_at=expires,
+        reserve_output=key.reserve_output,
+        max_concurrent=key.max_concurrent or concurrent,
     )

@@ -48,6 +48,7 @@ class LimitsChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_minute: int | None = Field(None, gt=0)
+    max_concurrent: int | None = Field(None, gt=0)
 
 
 @router.put("/keys/{alias}/limits")
@@ -63,8 +64,11 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
             code="not_shared",
         )
     limits = await gateway.set_key_limits(key, change.requests_per_minute, change.tokens_per_minute)
+    if change.max_concurrent is not None:
+        await gateway.set_key_concurrency(key, change.max_concurrent)
     return {
         "alias": alias,
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
+        "max_concurrent": gateway.pipeline.gate.cap(alias, key.max_concurrent),
     }

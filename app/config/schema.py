@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from app.kinds import ApiStyle, Priority
 
 PositiveInt = Annotated[int, Field(gt=0)]
+ReserveOutput = Literal["estimate", "max_tokens"]
 DomainName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 
 
@@ -197,6 +198,25 @@ class RateLimitConfig(Section):
         description="Completion tokens reserved at admission when a request sets no "
         "`max_tokens`; corrected to real usage when the answer ends.",
     )
+    reserve_output: ReserveOutput = Field(
+        "estimate",
+        description="Output tokens a request reserves at admission: `estimate` (a high "
+        "percentile, `output_percentile`, of the key's recent completions for that model, "
+        "capped by `max_tokens`; `default_max_tokens` until 5 are known) or `max_tokens` "
+        "(all of it, OpenAI's rule). Settled to real usage either way; per key too.",
+    )
+    output_percentile: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="Percentile of a key's last 100 completions (per model) reserved when "
+        "`reserve_output` is `estimate`.",
+    )
+    max_concurrent: PositiveInt | None = Field(
+        None,
+        description="Default most requests a key has in flight at once (streams count until "
+        "they end); more wait in the queue up to `max_queue_wait_ms`, then 503. Unset: no cap.",
+    )
 
 
 class RetryPolicyConfig(Section):
@@ -269,6 +289,12 @@ class KeyConfig(Section):
     priority: Priority = Field(Priority.NORMAL, description="Queue class: high, normal or low.")
     models: list[str] | None = Field(None, description="Models this key may use; unset = all.")
     domain: DomainName | None = Field(None, description="Pin this key to one domain.")
+    reserve_output: ReserveOutput | None = Field(
+        None, description="Overrides `rate_limit.reserve_output` for this key."
+    )
+    max_concurrent: PositiveInt | None = Field(
+        None, description="Overrides `rate_limit.max_concurrent` for this key."
+    )
     expires_at: datetime | None = Field(
         None, description="After this instant (ISO 8601, UTC if no zone) the key gets 401."
     )
@@ -283,6 +309,22 @@ class KeyConfig(Section):
 
     def digests(self) -> tuple[str, ...]:
         return (self.key_sha256,) if isinstance(self.key_sha256, str) else tuple(self.key_sha256)
+
+
+class AffinityConfig(Section):
+    enabled: bool = Field(
+        True,
+        description="Send the requests of one conversation to the same domain (its upstream "
+        "prompt cache then serves their shared prefix) while it is available and not "
+        "overloaded; off: the least expected wait.",
+    )
+    load_factor: float = Field(
+        1.25,
+        ge=1,
+        le=10,
+        description="A domain whose outstanding requests exceed this many times the mean "
+        "(per weight) takes no new conversations: they go to their next choice.",
+    )
 
 
 class RedisConfig(Section):
@@ -418,6 +460,7 @@ class Settings(BaseSettings):
         description="Client-facing model names mapped to upstream ids, applied before routing.",
     )
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    affinity: AffinityConfig = Field(default_factory=AffinityConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)

@@ -45,6 +45,15 @@ class Domain:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def weight(self) -> float:
+        return self.spec.weight
+
+    @property
+    def load(self) -> int:
+        """Requests in flight or queued here (what affinity's load bound counts)."""
+        return self.dispatcher.inflight + len(self.dispatcher.queue)
+
     def models(self) -> frozenset[str] | None:
         return self.spec.models if self.spec.models is not None else self.discovered
 

@@ -26,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from app.errors import ServiceUnavailable
 from app.limits import lua
 from app.limits.bucket import Decision, Limits
+from app.limits.concurrency import KeySlots, SharedSlots
 from app.limits.pacing import Pacer, PaceState
 from app.limits.shared_pace import RedisPacer
 from app.limits.store import MemoryBuckets
@@ -64,6 +65,7 @@ class RedisStore:
         self._client = aioredis.Redis(connection_pool=pool)
         self._script = self._client.register_script(lua.script("token_bucket.lua"))
         self._pace = self._client.register_script(lua.script("pace.lua"))
+        self._lease = self._client.register_script(lua.script("lease.lua"))
         self.fail_mode = fail_mode
         self.prefix = prefix
         self.up = True
@@ -227,6 +229,22 @@ class RedisStore:
         if not self.up:
             await self._mark_up()
         return list(raw)
+
+    def key_slots(self) -> KeySlots:
+        return SharedSlots(self, self.prefix)
+
+    async def lease(self, key: str, args: list[Any]) -> Any:
+        """One step of `lease.lua` (per-key concurrency leases and live caps); None
+        while Redis is unreachable (the caller then counts this replica's own)."""
+        if not self._available():
+            return None
+        try:
+            raw = await self._lease(keys=[key], args=args)
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return None
+        self._slow = 0
+        return raw
 
     def describe(self) -> dict[str, object]:
         return {

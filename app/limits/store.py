@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.limits.bucket import Bucket, Decision, Limits, decide
+from app.limits.concurrency import KeySlots, LocalSlots
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
@@ -69,6 +70,10 @@ class LimitStore(Protocol):
 
     async def save_override(self, key: str, limits: Limits) -> None:
         """Keep a live per-key limit where the other replicas will find it."""
+        ...
+
+    def key_slots(self) -> KeySlots:
+        """Where keys' `max_concurrent` slots are counted (shared when limits are)."""
         ...
 
 
@@ -151,3 +156,6 @@ class MemoryStore:
 
     async def save_override(self, key: str, limits: Limits) -> None:
         """Nothing to share: the admission's own overrides are the only copy."""
+
+    def key_slots(self) -> KeySlots:
+        return LocalSlots()

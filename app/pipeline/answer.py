@@ -166,6 +166,10 @@ class StreamAnswer:
         else:
             completion, trace.estimated = relay.completion_estimate(), True
         failed = (0, 0)
+        trace.cached_tokens, trace.cache_write_tokens = (
+            relay.cached_tokens,
+            relay.cache_write_tokens,
+        )
         if outcome is None:
             trace.prompt_tokens, trace.completion_tokens = prompt, completion
         else:

@@ -27,7 +27,7 @@ from itertools import chain
 
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
-from app.dispatch.routing import rank, serving
+from app.dispatch.routing import affine, rank, serving
 from app.errors import (
     GatewayError,
     InvalidRequest,
@@ -37,14 +37,16 @@ from app.errors import (
     ServiceUnavailable,
 )
 from app.limits.admission import Admission, Spawn, Ticket
+from app.limits.concurrency import ConcurrencyGate, Lease
 from app.limits.ledger import UsageEntry
+from app.limits.output import OutputEstimator
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.metrics import Metrics
 from app.pipeline.aliases import Aliases
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.pipeline.count import count_tokens
 from app.pipeline.failure import client_error
-from app.pipeline.request import ClientRequest
+from app.pipeline.request import EMBEDDINGS, ClientRequest
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
@@ -72,6 +74,8 @@ class Pipeline:
         self.metrics = metrics
         self.spawn = spawn
         self.clock = clock
+        self.outputs = OutputEstimator()
+        self.gate = ConcurrencyGate(admission.store.key_slots(), spawn)
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -86,7 +90,12 @@ class Pipeline:
             max_retry_after=policy.max_retry_after_ms / 1000,
         )
         self.aliases = Aliases(runtime.settings.model_aliases)
-        self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
+        limits = runtime.settings.rate_limit
+        self.default_max_tokens = limits.default_max_tokens
+        self.reserve_output = limits.reserve_output
+        self.outputs.percentile = limits.output_percentile
+        self.affinity = runtime.settings.affinity
+        self.max_wait = runtime.settings.token_scheduler.max_queue_wait_ms / 1000
         # Domains by the API they speak (anthropic or not), looked up per request.
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
 
@@ -105,18 +114,20 @@ class Pipeline:
         trace = self._trace(call)
         try:
             requested, first = self._plan(call)
-            ticket = await self.admission.admit(call.key, call.cost(self.default_max_tokens))
+            ticket = await self.admission.admit(call.key, self._reservation(call))
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
+        lease = None
         try:
+            lease = await self._hold(call, trace)
             reply, domain, model, slot = await self._execute(call, requested, first, trace)
         except BaseException as exc:
-            self._finish(call, trace, ticket, _status_of(exc), exc=exc)
+            self._finish(call, trace, ticket, _status_of(exc), exc=exc, lease=lease)
             raise
         trace.domain, trace.fallback = domain.name, model != requested
         if call.stream:
-            finish = partial(self._finish, call, trace, ticket)
+            finish = partial(self._finish, call, trace, ticket, lease=lease)
             return StreamAnswer(
                 call,
                 trace,
@@ -129,7 +140,7 @@ class Pipeline:
                 clock=self.clock,
             )
         slot.release()
-        return self._json_answer(call, trace, ticket, reply, domain)
+        return self._json_answer(call, trace, ticket, reply, domain, lease)
 
     async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
         """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;
@@ -142,6 +153,39 @@ class Pipeline:
             raise
         self._log(trace, answer.status, None)
         return answer
+
+    # -- what a request holds while it runs ----------------------------------------------
+    def _model_key(self, call: ClientRequest) -> str:
+        return call.model or self.runtime.default_model or "-"
+
+    def _reservation(self, call: ClientRequest) -> int:
+        """Tokens reserved at admission: the prompt estimate and the output allowance,
+        all of `max_tokens` or the key's usual answer (`reserve_output`, output.py)."""
+        mode = call.key.reserve_output or self.reserve_output
+        if mode == "max_tokens" or call.endpoint is EMBEDDINGS:
+            return call.cost(self.default_max_tokens)
+        output = self.outputs.reserve(
+            call.key.alias, self._model_key(call), call.max_tokens, self.default_max_tokens
+        )
+        return call.prompt_tokens + output * call.choices
+
+    async def _hold(self, call: ClientRequest, trace: Trace) -> Lease | None:
+        """One of the key's `max_concurrent` slots, waiting in its line if need be."""
+        alias = call.key.alias
+        cap = self.gate.cap(alias, call.key.max_concurrent)
+        if cap is None:
+            return None
+        if not self.gate.slots.shared:  # each of N workers holds 1/N (as for limits)
+            cap = max(1, cap // self.admission.divisor)
+        try:
+            lease, waited = await self.gate.acquire(alias, cap, self.max_wait)
+        except ServiceUnavailable:
+            self.metrics.record_key_wait(alias, "timeout")
+            raise
+        if waited:
+            trace.queue_ms += waited * 1000
+            self.metrics.record_key_wait(alias, "granted")
+        return lease
 
     # -- model and plan -------------------------------------------------------------
     def resolve(self, call: ClientRequest) -> tuple[str, str]:
@@ -208,7 +252,7 @@ class Pipeline:
         for i, (model, candidates) in enumerate(plan):
             if i:
                 self.metrics.record_fallback(target, model)
-            ranked = rank(candidates)
+            ranked = self._order(call, candidates)
             if congested:
                 ranked = [d for d in ranked if d.name not in congested]
             if not ranked and last is None:
@@ -225,6 +269,15 @@ class Pipeline:
                     last = exc
                     congested.add(domain.name)
         raise self._final_error(last, trace)
+
+    def _order(self, call: ClientRequest, candidates: list[Domain]) -> list[Domain]:
+        """Best first: the conversation's domain (affinity), else the least wait."""
+        if len(candidates) < 2 or not self.affinity.enabled:
+            return rank(candidates)
+        ranked, placed = affine(candidates, call.session, self.affinity.load_factor)
+        if placed is not None:
+            self.metrics.record_affinity(ranked[0].name, placed)
+        return ranked
 
     async def _on_domain(
         self, call: ClientRequest, model: str, domain: Domain, trace: Trace
@@ -365,13 +418,20 @@ class Pipeline:
 
     # -- answers and accounting -------------------------------------------------------------
     def _json_answer(
-        self, call: ClientRequest, trace: Trace, ticket: Ticket, reply: Reply, domain: Domain
+        self,
+        call: ClientRequest,
+        trace: Trace,
+        ticket: Ticket,
+        reply: Reply,
+        domain: Domain,
+        lease: Lease | None = None,
     ) -> JsonAnswer:
         usage = reply.usage
         assert usage is not None
         trace.model = usage.model or trace.attempts[-1].model
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
-        self._finish(call, trace, ticket, 200)
+        trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
+        self._finish(call, trace, ticket, 200, lease=lease)
         headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
         ctype = reply.response.headers.get("content-type", "application/json")
         return JsonAnswer(200, reply.first, ctype, headers)
@@ -385,8 +445,23 @@ class Pipeline:
         *,
         exc: BaseException | None = None,
         failed: tuple[int, int] = (0, 0),
+        lease: Lease | None = None,
     ) -> None:
         """Settle, count and log; exactly once per admitted request."""
+        if lease is not None:
+            lease.release()
+        if (
+            status == 200
+            and trace.prompt_tokens
+            and not trace.estimated
+            and call.endpoint.generates
+        ):
+            per_choice = -(-trace.completion_tokens // max(1, call.choices))
+            self.outputs.observe(call.key.alias, self._model_key(call), per_choice)
+        if trace.cached_tokens or trace.cache_write_tokens:
+            self.metrics.record_prompt_cache(
+                trace.domain or "-", trace.cached_tokens, trace.cache_write_tokens
+            )
         model = trace.model or (trace.attempts[-1].model if trace.attempts else call.model) or "-"
         entry = UsageEntry(
             key=call.key.alias,

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import orjson
 
 from app.kinds import QueueClass
+from app.pipeline.session import session_key
 from app.runtime import KeySpec
 
 
@@ -59,6 +61,12 @@ class ClientRequest:
     client_headers: Mapping[str, str] = field(default_factory=dict)
     started: float = 0.0
     priority: QueueClass | None = None  # overrides the key's class (batch items: BATCH)
+    session_header: str | None = None  # x-session-id (or Claude Code's own) if sent
+
+    @cached_property
+    def session(self) -> bytes:
+        """The conversation this request belongs to (session.py), read on first use."""
+        return session_key(self.body, self.session_header)
 
     @property
     def queue_class(self) -> QueueClass:

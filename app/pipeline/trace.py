@@ -43,6 +43,8 @@ class Trace:
     upstream_ms: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, read from the upstream's prompt cache
+    cache_write_tokens: int = 0  # of prompt_tokens, written to it
     estimated: bool = False
     fallback: bool = False
     attempts: list[Attempt] = field(default_factory=list)
@@ -67,6 +69,7 @@ class Trace:
             "duration_ms": round(duration_ms, 2),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
             "usage_estimated": self.estimated,
             "fallback": self.fallback,
             "attempts": [a.as_dict() for a in self.attempts],
