@@ -8,27 +8,24 @@ upstream decides); a key's `domain` pins it to that one. Two policies order them
   domains first (health probe not failing, circuit not open), then the lowest expected
   wait `(outstanding + 1) * recent_latency / weight`, where outstanding = in flight +
   queued and recent latency is an EWMA of upstream attempts;
-- `affine` (a conversation): the requests of one session go to the same domain, whose
-  upstream prompt cache then holds their shared prefix. Each session ranks the domains
-  by weighted rendezvous hashing (HRW: `weight / -ln(hash(session, domain))`, highest
-  first), and takes the first available one whose load stays within the bound
-  (bounded-load consistent hashing):
+- `preference` and `place` (a conversation, see affinity.py): each session ranks the
+  domains by weighted rendezvous hashing (HRW: `weight / -ln(hash(session, domain))`,
+  highest first) and a new session takes the first available one that stays within
+  the bound of bounded-load consistent hashing, counted in sessions:
 
-      load(d) + 1  <=  ceil(load_factor * (total load + 1) * weight(d) / total weight)
+      sessions(d) + 1  <=  ceil(load_factor * (all sessions + 1) * weight(d) / total weight)
 
-  load = outstanding requests. The bound always leaves room somewhere, so nothing
-  waits for it; a domain over `load_factor` times its weighted share of the mean takes
-  no new requests until it drains. A domain that fails (unavailable) moves exactly the
-  sessions that ranked it first, each to its own next choice; every other session
-  stays where it is (the HRW property), and comes back when it recovers.
+  The bound always leaves room somewhere; a domain over `load_factor` times its
+  weighted share of the mean takes no new sessions. A domain that fails moves exactly
+  the sessions placed on it (the HRW property: every other session's first choice
+  among the rest is unchanged).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
-from enum import StrEnum
+from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
 
 
@@ -47,20 +44,9 @@ class Weighted(Candidate, Protocol):
     @property
     def weight(self) -> float: ...
 
-    @property
-    def load(self) -> int: ...
-
 
 C = TypeVar("C", bound="Candidate")
 W = TypeVar("W", bound="Weighted")
-
-
-class Affinity(StrEnum):
-    """How an affine request was placed (the `outcome` of tokengate_affinity_total)."""
-
-    HOME = "home"  # the session's first choice
-    SPILL = "spill"  # its first choice was over the load bound
-    FAILOVER = "failover"  # its first choice was unavailable
 
 
 def serving(domains: Sequence[C], model: str, pinned: str | None) -> list[C]:
@@ -79,26 +65,17 @@ def preference(candidates: Sequence[W], session: bytes) -> list[W]:
     return sorted(candidates, key=lambda d: _score(session, d), reverse=True)
 
 
-def affine(
-    candidates: Sequence[W], session: bytes, load_factor: float
-) -> tuple[list[W], Affinity | None]:
-    """Available candidates for this session, its domain first, then its next choices;
-    and how it was placed (None if no candidate is available)."""
-    order = preference(candidates, session)
-    up = [d for d in order if d.available()]
-    if not up:
-        return [], None
-    total = sum(d.load for d in up) + 1
-    weights = sum(d.weight for d in up)
-    chosen = next(
-        (d for d in up if d.load + 1 <= math.ceil(load_factor * total * d.weight / weights)),
-        up[0],  # unreachable: the bounds add up to more than the total
-    )
-    if chosen is order[0]:
-        placed = Affinity.HOME
-    else:
-        placed = Affinity.SPILL if up[0] is order[0] else Affinity.FAILOVER
-    return [chosen, *(d for d in up if d is not chosen)], placed
+def place(order: Sequence[W], loads: Mapping[str, float], load_factor: float) -> W | None:
+    """The first of `order` (a session's preference, available domains only) whose load
+    stays within the bound once it takes one more; None if `order` is empty."""
+    if not order:
+        return None
+    total = sum(loads.get(d.name, 0) for d in order) + 1
+    weights = sum(d.weight for d in order)
+    for d in order:
+        if loads.get(d.name, 0) + 1 <= math.ceil(load_factor * total * d.weight / weights):
+            return d
+    return order[0]  # unreachable: the bounds add up to more than the total
 
 
 def _score(session: bytes, domain: Weighted) -> float:

@@ -25,9 +25,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from itertools import chain
 
+from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
-from app.dispatch.routing import affine, rank, serving
+from app.dispatch.routing import rank, serving
 from app.errors import (
     GatewayError,
     InvalidRequest,
@@ -75,6 +76,7 @@ class Pipeline:
         self.spawn = spawn
         self.clock = clock
         self.outputs = OutputEstimator()
+        self.sessions = SessionTable()
         self.gate = ConcurrencyGate(admission.store.key_slots(), spawn)
         self.configure(runtime)
 
@@ -94,7 +96,8 @@ class Pipeline:
         self.default_max_tokens = limits.default_max_tokens
         self.reserve_output = limits.reserve_output
         self.outputs.percentile = limits.output_percentile
-        self.affinity = runtime.settings.affinity
+        self.affinity = runtime.settings.affinity.enabled
+        self.sessions.load_factor = runtime.settings.affinity.load_factor
         self.max_wait = runtime.settings.token_scheduler.max_queue_wait_ms / 1000
         # Domains by the API they speak (anthropic or not), looked up per request.
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
@@ -272,9 +275,9 @@ class Pipeline:
 
     def _order(self, call: ClientRequest, candidates: list[Domain]) -> list[Domain]:
         """Best first: the conversation's domain (affinity), else the least wait."""
-        if len(candidates) < 2 or not self.affinity.enabled:
+        if len(candidates) < 2 or not self.affinity:
             return rank(candidates)
-        ranked, placed = affine(candidates, call.session, self.affinity.load_factor)
+        ranked, placed = self.sessions.order(candidates, call.session)
         if placed is not None:
             self.metrics.record_affinity(ranked[0].name, placed)
         return ranked

@@ -96,10 +96,19 @@ async def test_chat_with_tools_answers_a_tool_call_streamed_and_not(
 async def test_chat_answers_in_text_once_the_tool_result_is_in(client: httpx.AsyncClient) -> None:
     messages = [
         {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
-         "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{}"},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-    ]  # fmt: skip
+    ]
     body = {"model": "gpt-4o", "messages": messages, "tools": [WEATHER]}
     r = await client.post("/v1/chat/completions", json=body, headers=KEY)
     choice = r.json()["choices"][0]
@@ -131,8 +140,10 @@ async def test_messages_tool_use_round_trip_streamed(client: httpx.AsyncClient) 
 
 async def test_cached_tokens_are_reported_per_api(client: httpx.AsyncClient) -> None:
     long = "word " * 300
-    chat = {"model": "gpt-4o", "messages": [{"role": "system", "content": long},
-            {"role": "user", "content": "q1"}]}  # fmt: skip
+    chat = {
+        "model": "gpt-4o",
+        "messages": [{"role": "system", "content": long}, {"role": "user", "content": "q1"}],
+    }
     first = (await client.post("/v1/chat/completions", json=chat, headers=KEY)).json()["usage"]
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     chat["messages"] += [{"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
@@ -140,8 +151,12 @@ async def test_cached_tokens_are_reported_per_api(client: httpx.AsyncClient) -> 
     assert second["prompt_tokens_details"]["cached_tokens"] == first["prompt_tokens"]
 
     system = [{"type": "text", "text": long, "cache_control": {"type": "ephemeral"}}]
-    msgs = {"model": "claude-sonnet", "max_tokens": 5, "system": system,
-            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    msgs = {
+        "model": "claude-sonnet",
+        "max_tokens": 5,
+        "system": system,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     one = (await client.post("/v1/messages", json=msgs, headers=KEY)).json()["usage"]
     assert one["cache_read_input_tokens"] == 0 and one["cache_creation_input_tokens"] == 300
     two = (await client.post("/v1/messages", json=msgs, headers=KEY)).json()["usage"]
