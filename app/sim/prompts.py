@@ -16,7 +16,7 @@ from typing import Any
 
 from app.sim import text
 from app.sim.cache import Rule, Segment, has_breakpoint
-from app.sim.tools import Tool
+from app.sim.tools import Tool, named
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,17 @@ class Prompt:
     tools: list[Tool] = field(default_factory=list)
     forced: str | None = None  # the tool the request names
     tools_allowed: bool = True
+    required: bool = False  # tool_choice demands a call (required, any, a named tool)
     answered: bool = False  # the last message is a tool's result: answer in text
     last_user_text: str = ""
 
     @property
     def wants_tool(self) -> bool:
-        return bool(self.tools) and self.tools_allowed and not self.answered
+        """A call when tools are offered and allowed, no result is pending, and either
+        the request demands one or the user's last text names an offered tool."""
+        if not self.tools or not self.tools_allowed or self.answered:
+            return False
+        return self.required or named(self.tools, self.last_user_text) is not None
 
 
 def _list(value: Any) -> list[Any]:
@@ -63,6 +68,7 @@ def chat(body: dict[str, Any], messages: list[dict[str, Any]]) -> Prompt:
         tools=tools,
         forced=forced if isinstance(forced, str) else None,
         tools_allowed=choice != "none",
+        required=choice == "required" or forced is not None,
         answered=messages[-1].get("role") == "tool",
         last_user_text=_last_user_text(messages),
     )
@@ -93,6 +99,7 @@ def messages(body: dict[str, Any], msgs: list[dict[str, Any]]) -> Prompt:
         tools=tools,
         forced=forced if isinstance(forced, str) else None,
         tools_allowed=kind != "none",
+        required=kind in ("any", "tool"),
         answered=last.get("role") == "user" and _holds_tool_result(last.get("content")),
         last_user_text=_last_user_text(msgs),
     )

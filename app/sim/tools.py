@@ -1,12 +1,15 @@
 """Deterministic tool calls, so an agent's round trip can be tried against the simulator.
 
-A request that offers tools (and does not forbid them) gets a call of one of them,
-unless its last message already carries a tool's result: then it gets a text answer,
-so every round trip ends. Which tool, and with which arguments, depends only on the
-request:
+A request that offers tools gets a call of one of them when it demands one
+(`tool_choice` required / any / a named tool) or when the user's last text names one
+("Use Read on /tmp/x", "call get_weather"), unless its last message already carries a
+tool's result: then, as otherwise, it gets a text answer, so every round trip ends.
+(Agents send their whole tool set with every request, Claude Code a dozen tools even
+for "say hi": answering each with a call would send them down endless sub-tasks.)
+Which tool, and with which arguments, depends only on the request:
 
-- the tool the request forces (`tool_choice`), else the first tool whose name appears
-  as a word in the last user text ("Use the Read tool on /tmp/x"), else the first tool;
+- the tool the request forces, else the first tool whose name appears as a word (same
+  case) in the user's last text, else the first tool;
 - arguments from the tool's JSON schema: each required property gets a value of its
   type (an `enum`'s first value; for a string named like a path or file, the first
   absolute path in the last user text, so `Read /tmp/x/hello.txt` reads that file).
@@ -66,6 +69,12 @@ def choose(tools: Sequence[Tool], forced: str | None, prompt: str) -> ToolCall |
     arguments = _arguments(tool.schema, prompt)
     digest = hashlib.sha256(f"{tool.name}:{prompt}".encode()).hexdigest()[:24]
     return ToolCall(digest, tool.name, arguments)
+
+
+def named(tools: Sequence[Tool], prompt: str) -> Tool | None:
+    """The first offered tool whose name is a word of `prompt` (same case)."""
+    by_name = {t.name: t for t in tools}
+    return next((by_name[w] for w in _WORD.findall(prompt) if w in by_name), None)
 
 
 def _arguments(schema: dict[str, Any], prompt: str) -> dict[str, Any]:

@@ -73,7 +73,7 @@ async def test_chat_with_tools_answers_a_tool_call_streamed_and_not(
 ) -> None:
     body = {
         "model": "gpt-4o",
-        "messages": [{"role": "user", "content": "weather in Paris?"}],
+        "messages": [{"role": "user", "content": "call get_weather for Paris"}],
         "tools": [WEATHER],
     }
     r = await client.post("/v1/chat/completions", json=body, headers=KEY)
@@ -116,6 +116,24 @@ async def test_chat_answers_in_text_once_the_tool_result_is_in(client: httpx.Asy
     none = {**body, "messages": messages[:1], "tool_choice": "none"}
     r = await client.post("/v1/chat/completions", json=none, headers=KEY)
     assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_a_call_needs_the_tool_named_or_demanded(client: httpx.AsyncClient) -> None:
+    """Agents send every tool on every request: an unrelated prompt gets text."""
+    ask = [{"role": "user", "content": "say hi"}]
+    body = {"model": "gpt-4o", "messages": ask, "tools": [WEATHER]}
+    r = await client.post("/v1/chat/completions", json=body, headers=KEY)
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+    r = await client.post(
+        "/v1/chat/completions", json={**body, "tool_choice": "required"}, headers=KEY
+    )
+    assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
+    msgs = {"model": "claude-sonnet", "max_tokens": 99, "messages": ask, "tools": [BASH, READ]}
+    r = await client.post("/v1/messages", json=msgs, headers=KEY)
+    assert r.json()["stop_reason"] == "end_turn"
+    forced = {**msgs, "tool_choice": {"type": "tool", "name": "Read"}}
+    r = await client.post("/v1/messages", json=forced, headers=KEY)
+    assert r.json()["content"][0]["name"] == "Read"
 
 
 async def test_messages_tool_use_round_trip_streamed(client: httpx.AsyncClient) -> None:
