@@ -10,7 +10,9 @@ Scenarios, in order (each one's failure is recorded and the next one still runs)
 4. throttle: a burst against an upstream that quantizes its quota, with the quota
    configured right, absent, 2x too high, on two replicas sharing Redis, and LiteLLM
    on the same burst (`throttle.py`);
-5. admission: cost of one per-key admission, memory vs Redis vs none (`admission.py`).
+5. admission: cost of one per-key admission, memory vs Redis vs none (`admission.py`);
+6. affinity: 200 agent sessions of 8 turns over three domains with their own prompt
+   caches, with and without prompt-cache affinity (`affinity.py`).
 
 Writes tests/bench/results/<timestamp>/results.{json,md} and latest.{json,md}.
 Everything started is stopped on exit, error or Ctrl-C (process groups; see procs.py).
@@ -38,6 +40,7 @@ from typing import Any
 
 from tests.bench import (
     admission,
+    affinity,
     common,
     latency,
     quota,
@@ -52,7 +55,7 @@ from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
 from tests.bench.rss import Sampler
 
 RESULTS = ROOT / "tests" / "bench" / "results"
-SCENARIOS = ("static", "sim", "quota", "throttle", "admission")
+SCENARIOS = ("static", "sim", "quota", "throttle", "admission", "affinity")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -200,12 +203,16 @@ def _measure(
         def admission_() -> None:
             results["admission"] = admission.run(group)
 
+        def affinity_() -> None:
+            results["affinity"] = affinity.run(tmp / "affinity")
+
         steps = {
             "static": static,
             "sim": sim,
             "quota": quota_,
             "throttle": throttle_,
             "admission": admission_,
+            "affinity": affinity_,
         }
         for name in SCENARIOS:
             if name in only:
