@@ -322,8 +322,10 @@ class AffinityConfig(Section):
         1.25,
         ge=1,
         le=10,
-        description="A domain whose outstanding requests exceed this many times the mean "
-        "(per weight) takes no new conversations: they go to their next choice.",
+        description="A domain holding more than this many times its weighted share of the "
+        "active conversations takes no new ones (they go to their next choice); one request "
+        "of a conversation goes elsewhere while its domain has requests queued and is this "
+        "far over its share of the outstanding requests.",
     )
 
 
