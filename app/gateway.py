@@ -350,7 +350,7 @@ class Gateway:
                 await domain.dispatcher.pacer.sync()  # what other replicas learned
             self._sync_gauges()
             self.admission.overrides.update(await self.store.housekeeping())
-            await self.pipeline.gate.housekeeping()  # shared leases renewed, live caps
+            await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
 
     async def _flush_ledger(self) -> None:
         """Settled requests reach the ledger's file every `ledger.flush_interval_sec`: a
@@ -385,7 +385,7 @@ class Gateway:
 
     async def set_key_concurrency(self, key: KeySpec, cap: int) -> int:
         """A live `max_concurrent` (admin API), shared with every replica through Redis."""
-        await self.pipeline.gate.set_cap(key.alias, cap)
+        await self.pipeline.holds.gate.set_cap(key.alias, cap)
         log.warning("max_concurrent of key %s set live to %d", key.alias, cap)
         return cap
 

@@ -70,5 +70,5 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
         "alias": alias,
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
-        "max_concurrent": gateway.pipeline.gate.cap(alias, key.max_concurrent),
+        "max_concurrent": gateway.pipeline.holds.gate.cap(alias, key.max_concurrent),
     }

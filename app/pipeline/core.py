@@ -38,16 +38,16 @@ from app.errors import (
     ServiceUnavailable,
 )
 from app.limits.admission import Admission, Spawn, Ticket
-from app.limits.concurrency import ConcurrencyGate, Lease
+from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
-from app.limits.output import OutputEstimator
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.metrics import Metrics
 from app.pipeline.aliases import Aliases
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.pipeline.count import count_tokens
 from app.pipeline.failure import client_error
-from app.pipeline.request import EMBEDDINGS, ClientRequest
+from app.pipeline.holds import KeyHolds
+from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
@@ -75,9 +75,8 @@ class Pipeline:
         self.metrics = metrics
         self.spawn = spawn
         self.clock = clock
-        self.outputs = OutputEstimator()
+        self.holds = KeyHolds(admission, metrics, spawn)
         self.sessions = SessionTable()
-        self.gate = ConcurrencyGate(admission.store.key_slots(), spawn)
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -92,13 +91,10 @@ class Pipeline:
             max_retry_after=policy.max_retry_after_ms / 1000,
         )
         self.aliases = Aliases(runtime.settings.model_aliases)
-        limits = runtime.settings.rate_limit
-        self.default_max_tokens = limits.default_max_tokens
-        self.reserve_output = limits.reserve_output
-        self.outputs.percentile = limits.output_percentile
+        self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
+        self.holds.configure(runtime.settings, runtime.default_model)
         self.affinity = runtime.settings.affinity.enabled
         self.sessions.load_factor = runtime.settings.affinity.load_factor
-        self.max_wait = runtime.settings.token_scheduler.max_queue_wait_ms / 1000
         # Domains by the API they speak (anthropic or not), looked up per request.
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
 
@@ -117,13 +113,13 @@ class Pipeline:
         trace = self._trace(call)
         try:
             requested, first = self._plan(call)
-            ticket = await self.admission.admit(call.key, self._reservation(call))
+            ticket = await self.admission.admit(call.key, self.holds.reservation(call))
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
         lease = None
         try:
-            lease = await self._hold(call, trace)
+            lease = await self.holds.slot(call, trace)
             reply, domain, model, slot = await self._execute(call, requested, first, trace)
         except BaseException as exc:
             self._finish(call, trace, ticket, _status_of(exc), exc=exc, lease=lease)
@@ -156,39 +152,6 @@ class Pipeline:
             raise
         self._log(trace, answer.status, None)
         return answer
-
-    # -- what a request holds while it runs ----------------------------------------------
-    def _model_key(self, call: ClientRequest) -> str:
-        return call.model or self.runtime.default_model or "-"
-
-    def _reservation(self, call: ClientRequest) -> int:
-        """Tokens reserved at admission: the prompt estimate and the output allowance,
-        all of `max_tokens` or the key's usual answer (`reserve_output`, output.py)."""
-        mode = call.key.reserve_output or self.reserve_output
-        if mode == "max_tokens" or call.endpoint is EMBEDDINGS:
-            return call.cost(self.default_max_tokens)
-        output = self.outputs.reserve(
-            call.key.alias, self._model_key(call), call.max_tokens, self.default_max_tokens
-        )
-        return call.prompt_tokens + output * call.choices
-
-    async def _hold(self, call: ClientRequest, trace: Trace) -> Lease | None:
-        """One of the key's `max_concurrent` slots, waiting in its line if need be."""
-        alias = call.key.alias
-        cap = self.gate.cap(alias, call.key.max_concurrent)
-        if cap is None:
-            return None
-        if not self.gate.slots.shared:  # each of N workers holds 1/N (as for limits)
-            cap = max(1, cap // self.admission.divisor)
-        try:
-            lease, waited = await self.gate.acquire(alias, cap, self.max_wait)
-        except ServiceUnavailable:
-            self.metrics.record_key_wait(alias, "timeout")
-            raise
-        if waited:
-            trace.queue_ms += waited * 1000
-            self.metrics.record_key_wait(alias, "granted")
-        return lease
 
     # -- model and plan -------------------------------------------------------------
     def resolve(self, call: ClientRequest) -> tuple[str, str]:
@@ -453,14 +416,7 @@ class Pipeline:
         """Settle, count and log; exactly once per admitted request."""
         if lease is not None:
             lease.release()
-        if (
-            status == 200
-            and trace.prompt_tokens
-            and not trace.estimated
-            and call.endpoint.generates
-        ):
-            per_choice = -(-trace.completion_tokens // max(1, call.choices))
-            self.outputs.observe(call.key.alias, self._model_key(call), per_choice)
+        self.holds.learn(call, trace, status)
         if trace.cached_tokens or trace.cache_write_tokens:
             self.metrics.record_prompt_cache(
                 trace.domain or "-", trace.cached_tokens, trace.cache_write_tokens

@@ -55,6 +55,7 @@ def home(table: SessionTable, ds: list[D], session: bytes) -> D:
     return ranked[0]
 
 
+@settings(deadline=None)  # timing is not the property: a loaded CI machine is slow
 @given(sessions)
 def test_placement_is_deterministic_and_every_domain_stays_within_its_bound(
     keys: list[bytes],
@@ -68,6 +69,7 @@ def test_placement_is_deterministic_and_every_domain_stays_within_its_bound(
         assert max(one.sessions.values()) <= math.ceil(1.25 * placed / len(ds))
 
 
+@settings(deadline=None)
 @given(sessions, st.integers(0, 2))
 def test_a_failed_domain_moves_only_its_own_sessions_and_they_stay_moved(
     keys: list[bytes], down: int
@@ -123,7 +125,7 @@ def test_no_available_domain_gives_no_placement() -> None:
     assert SessionTable().order(ds, b"s") == ([], None)
 
 
-@settings(max_examples=10)
+@settings(max_examples=10, deadline=None)
 @given(st.integers(0, 1000))
 def test_weights_share_sessions_in_proportion(seed: int) -> None:
     ds = [D("heavy", weight=2.0), D("light-a"), D("light-b")]
