@@ -59,7 +59,7 @@ def status(gateway: Gateway) -> dict[str, object]:
 
 
 def _limits(gateway: Gateway) -> dict[str, object]:
-    s, admission = gateway.runtime.settings, gateway.admission
+    s, admission, holds = gateway.runtime.settings, gateway.admission, gateway.pipeline.holds
     keys = [
         {
             "alias": k.alias,
@@ -68,6 +68,8 @@ def _limits(gateway: Gateway) -> dict[str, object]:
             "models": sorted(k.models) if k.models is not None else None,
             "limits": admission.limits_for(k)._asdict(),
             "live_override": k.alias in admission.overrides,
+            "max_concurrent": holds.gate.cap(k.alias, k.max_concurrent),
+            "reserve_output": k.reserve_output or s.rate_limit.reserve_output,
         }
         for k in gateway.runtime.keys
     ]

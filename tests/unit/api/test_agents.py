@@ -5,12 +5,15 @@ reservation that lets a modest key serve Claude Code's max_tokens."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 
 import httpx
 
-from tests.support.inproc import MakeClient, gateway_of
+from tests.support.inproc import ADMIN_KEY, MakeClient, gateway_of
+
+ALICE = {"alias": "alice", "key_sha256": hashlib.sha256(b"tg-alice-key").hexdigest()}
 
 ANTHROPIC = {"anthropic-version": "2023-06-01", "x-api-key": "any"}
 ASK = {"model": "claude-x", "messages": [{"role": "user", "content": "hello there " * 40}]}
@@ -194,3 +197,14 @@ async def test_a_keys_max_concurrent_queues_its_extra_requests(make_client: Make
     late = [r for r in answers if r.status_code != 200]
     assert len(late) == 1 and late[0].status_code == 503
     assert late[0].json()["error"]["code"] == "queue_timeout" and late[0].headers["retry-after"]
+
+
+async def test_max_concurrent_is_set_live_and_shown(make_client: MakeClient) -> None:
+    client = await make_client({"admin_key": ADMIN_KEY, "keys": [ALICE]})
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    r = await client.put("/admin/keys/alice/limits", headers=admin, json={"max_concurrent": 3})
+    assert r.status_code == 200 and r.json()["max_concurrent"] == 3
+    (key,) = (await client.get("/admin/status", headers=admin)).json()["limits"]["keys"]
+    assert (key["max_concurrent"], key["reserve_output"]) == (3, "estimate")
+    bad = await client.put("/admin/keys/alice/limits", headers=admin, json={"max_concurrent": 0})
+    assert bad.status_code == 400
