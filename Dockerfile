@@ -45,7 +45,8 @@ WORKDIR /app
 # Container defaults; every one can be overridden at run time.
 # - listen on all interfaces (the CLI's own default is loopback);
 # - logs to stdout (the seed config.toml names a file under /var/log/supernode);
-# - the SQLite usage ledger in /app/var, the one directory the app user may write.
+# - the embedded SQLite database (ledger, batches, live limits) in /app/var, the one
+#   directory the app user may write; replicas set TOKENGATE_DATABASE_URL instead.
 # DL3064 flags "TOKEN" in the TOKENGATE_ prefix; none of these values is a secret.
 # hadolint ignore=DL3064
 ENV TOKENGATE_HOST=0.0.0.0 \
@@ -54,7 +55,7 @@ ENV TOKENGATE_HOST=0.0.0.0 \
     TOKENGATE_CONFIG=/app/config/config.toml \
     TOKENGATE_SETTINGS=/app/config/settings.json \
     TOKENGATE_LOGGING__OUTPUT=stdout \
-    TOKENGATE_LEDGER__PATH=/app/var/ledger.sqlite3
+    TOKENGATE_DATABASE__PATH=/app/var/tokengate.sqlite3
 
 USER 10001:10001
 EXPOSE 8080

@@ -35,8 +35,9 @@ define apt
 	done
 endef
 
-system-deps: ## install redis-server and promtool (Debian packages) when missing
-	$(call apt,redis-server:redis-server promtool:prometheus)
+system-deps: ## install redis-server, promtool, chromium and PostgreSQL (Debian packages) when missing
+	$(call apt,redis-server:redis-server promtool:prometheus chromium:chromium)
+	$(call apt,pg_ctlcluster:postgresql)
 
 # Claude Code for its end-to-end test (tests/e2e/test_claude_code.py): pinned, because npm on
 # Node 20 silently picks an older release (newer ones declare engines.node >= 22; the CLI is

@@ -42,6 +42,10 @@ def secrets_of(runtime: Runtime) -> list[str]:
         found.append(s.api_key.get_secret_value())
     if s.redis.url is not None and "@" in s.redis.url.get_secret_value():
         found.append(s.redis.url.get_secret_value())
+    if s.database.url is not None:
+        from app.db.url import url_secrets
+
+        found.extend(url_secrets(s.database.url.get_secret_value()))
     return found
 
 

@@ -1,7 +1,8 @@
-"""`tokengate serve | sim | check | keys new | config-reference`.
+"""`tokengate serve | sim | check | keys new | config-reference | db ...`.
 
 argv -> config -> exit codes: 0 success, 1 a failed check or runtime failure, 2 bad
-configuration or usage (one message naming file, field and fix; never a traceback).
+configuration or usage, or a database that can not be used (one message naming file,
+field and fix, or the command to run; never a traceback).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from app.config.errors import ConfigError
 from app.config.sources import ConfigFiles, default_files
+from app.db.errors import DatabaseProblem
 
 
 def _files(args: argparse.Namespace) -> ConfigFiles:
@@ -62,14 +64,29 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--alias", required=True)
 
     sub.add_parser("config-reference", help="print the configuration reference (Markdown)")
+
+    db = sub.add_parser("db", help="the durable store: schema upgrades, backups, retention")
+    _add_files(db)
+    _add_db_commands(db)
     return parser
+
+
+def _add_db_commands(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="db_command", required=True)
+    up = sub.add_parser("upgrade", help="migrate the schema to this tokengate's revision")
+    up.add_argument("revision", nargs="?", default="heads", help="target (default: the newest)")
+    sub.add_parser("current", help="print the schema revision and where the database is")
+    sub.add_parser("check", help="exit 0 when the schema is at this tokengate's revision")
+    backup = sub.add_parser("backup", help="write a consistent copy of the database to PATH")
+    backup.add_argument("path")
+    sub.add_parser("prune", help="apply ledger retention now (roll minutes into hours, ...)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except ConfigError as exc:
+    except (ConfigError, DatabaseProblem) as exc:
         print(exc.render(), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
@@ -93,6 +110,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(new(args.alias))
         return 0
+    if args.command == "db":
+        return _db(args)
     if args.command == "config-reference":
         from app.config.reference import render
 
@@ -108,6 +127,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise SystemExit("tokengate: --workers must be >= 1")
     runtime = load_runtime(files, no_auth=args.no_auth, workers=args.workers)  # validate first
+    from app.db.commands import prepare_for_serve
+
+    prepare_for_serve(runtime.settings)  # reachable, schema at head (an empty one created)
     os.environ["TOKENGATE_CONFIG"] = str(files.config)
     os.environ["TOKENGATE_SETTINGS"] = str(files.settings)
     from app.server import run_server
@@ -128,6 +150,13 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         if own_dir:
             shutil.rmtree(prom_dir, ignore_errors=True)
+
+
+def _db(args: argparse.Namespace) -> int:
+    from app.config.sources import load_settings, secret_environ
+    from app.db.commands import run
+
+    return run(args, load_settings(_files(args), secret_environ()))
 
 
 if __name__ == "__main__":

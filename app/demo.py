@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         TOKENGATE_API_ENDPOINT=f"http://127.0.0.1:{args.sim_port}",
         TOKENGATE_KEYS=json.dumps([{"alias": "demo", "key_sha256": digest(key)}]),
         TOKENGATE_LOGGING__OUTPUT=str(var / "demo-gateway.log"),
-        TOKENGATE_LEDGER__PATH=str(var / "demo-ledger.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(var / "demo-tokengate.sqlite3"),
     )
     cli = [sys.executable, "-m", "app.cli"]
     with open(var / "demo-sim.log", "ab") as sim_log, open(var / "demo-serve.log", "ab") as gw_log:

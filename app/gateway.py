@@ -1,11 +1,12 @@
 """The lifecycle owner: builds, starts, drains and closes everything.
 
     Gateway.start()                      Gateway.close()
-      store.start (SQLite / Redis ping)    readiness -> 503 (draining)
-      first health probe of each domain    wait for queued + in-flight work (drain timeout)
-      dispatcher loop per domain           stop loops, await spawned settle tasks
-      health loop per domain               flush ledger, close store and upstream clients
-      housekeeping loop (1 s)
+      store.start (Redis ping)             readiness -> 503 (draining)
+      database: schema at head, overrides  wait for queued + in-flight work (drain timeout)
+      first health probe of each domain    stop loops, await spawned settle tasks
+      dispatcher loop per domain           flush ledger, close store, database, upstreams
+      health loop per domain
+      housekeeping loop (1 s; ledger roll-up every minute)
 
 Every task the gateway runs is created here (or by a dispatcher it owns) and awaited
 on close; `spawn` is how other code hands over work that must outlive a cancelled
@@ -18,10 +19,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from app.auth import KeyIndex
@@ -29,8 +31,13 @@ from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
 from app.config.errors import ConfigError
+from app.db import migrate
+from app.db.engine import Database, DatabaseUnavailable
+from app.db.overrides import OverrideBook
+from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
+from app.errors import Conflict
 from app.limits.admission import Admission
 from app.limits.bucket import Limits
 from app.limits.ledger import Ledger
@@ -40,6 +47,7 @@ from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
 from app.runtime import DomainSpec, KeySpec, Runtime
+from app.status.board import StatusBoard
 from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
 from app.upstream.client import Timeouts, Transport, UpstreamClient, make_transport
@@ -47,6 +55,7 @@ from app.upstream.health import probe
 
 log = logging.getLogger("tokengate.gateway")
 SETTLE_WAIT_SEC = 2.0  # longest /admin/usage waits for settles still running
+LEDGER_MAINTENANCE_TICKS = 60  # housekeeping ticks (seconds) between ledger roll-ups
 TransportFactory = Callable[[DomainSpec], Transport]
 
 
@@ -64,19 +73,26 @@ class Gateway:
         s = runtime.settings
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
         self._transport_factory = transport_factory or self._default_transport
+        # Names this process on the status page and in the shared store's replica list.
+        self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
         self.store = store or self._build_store()
-        self.ledger = Ledger(Path(s.ledger.path), s.ledger.flush_interval_sec)
+        self.db = Database(s.database, on_state=metrics.set_database_up)
+        self.ledger = Ledger(UsageBook(self.db), s.ledger, metrics=metrics)
+        self.overrides = OverrideBook(self.db)
         # Without Redis each of N workers enforces 1/N of every limit and every domain
         # quota: a limit never silently becomes N times larger.
         self.divisor = 1 if self.store.shared else max(1, runtime.workers)
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
         self.admission = Admission(self.store, metrics, self.ledger, divisor=self.divisor)
         self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
-        self.batch_store = BatchStore(Path(s.batch.path))
+        self.batch_store = BatchStore(self.db)
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
         self.batch_runner = BatchRunner(
             self.batch_store, s.batch, self.pipeline, lambda alias: self.keys.by_alias.get(alias)
         )
+        # The status page's recent traffic, fed by the metrics verbs (None: page disabled).
+        self.board = StatusBoard(step_sec=s.ui.step_sec) if s.ui.enabled else None
+        metrics.watch(self.board)
         self.draining = False
         self._unresolved: set[str] = set()
         self._drain_started = 0.0
@@ -136,6 +152,7 @@ class Gateway:
                 timeout_ms=s.redis.timeout_ms,
                 max_connections=s.redis.max_connections,
                 on_state=self.metrics.set_redis_up,
+                replica=self.replica_id,
             )
         return MemoryStore()
 
@@ -154,9 +171,11 @@ class Gateway:
 
     async def start(self) -> None:
         await self.store.start()
-        await self.ledger.start()
-        await self.batch_store.start()
+        await migrate.prepare(self.db)  # `serve` checked it already; in-process callers too
+        await self._load_overrides()
         self._describe_limits()
+        log.info("durable state (ledger, batches, live limits) in %s", self.db.where)
+        self._warn_deprecated()
         if self.runtime.settings.health_check.enabled:
             await asyncio.gather(*(self._probe(d) for d in self.domains))
         for domain in self.domains:
@@ -167,6 +186,18 @@ class Gateway:
         self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
         self._sync_gauges()
+
+    def _warn_deprecated(self) -> None:
+        s = self.runtime.settings
+        for name, value in (("ledger.path", s.ledger.path), ("batch.path", s.batch.path)):
+            if value is not None:
+                log.warning(
+                    "%s (%s) is deprecated and ignored: the ledger, batches and files live in "
+                    "one database, database.path (%s) or database.url for PostgreSQL",
+                    name,
+                    value,
+                    self.db.where,
+                )
 
     def _describe_limits(self) -> None:
         if self.store.shared:
@@ -260,8 +291,7 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await self.batch_runner.release()  # a restart resumes our batches at once
-            await self.batch_store.close()
+            await self.batch_runner.release()  # another replica (or a restart) resumes at once
         for domain in self.domains:
             await domain.dispatcher.stop()
         if self._tasks:
@@ -272,6 +302,8 @@ class Gateway:
             log.error("ledger flush at shutdown failed: %r", exc)
         with contextlib.suppress(Exception):
             await self.store.close()
+        with contextlib.suppress(Exception):
+            await self.db.close()
         for domain in self.domains:
             await domain.client.close()
 
@@ -344,21 +376,52 @@ class Gateway:
             await self._probe(domain)
 
     async def _housekeeping(self) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(1.0)
             for domain in self.domains:
                 await domain.dispatcher.pacer.sync()  # what other replicas learned
             self._sync_gauges()
-            self.admission.overrides.update(await self.store.housekeeping())
+            await self.store.housekeeping()
+            await self._load_overrides()
             await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
+            ticks += 1
+            if ticks % LEDGER_MAINTENANCE_TICKS == 0:
+                await self._maintain_ledger()
+
+    async def _load_overrides(self) -> None:
+        """Live limits set on any replica (admin API), enforced here within a second."""
+        try:
+            found = await self.overrides.load()
+        except DatabaseUnavailable:
+            return  # keep the ones we have; the database's state is in /health/ready
+        except Exception as exc:
+            log.error("reading live key limits failed: %r", exc)
+            return
+        for alias, o in found.items():
+            self.admission.overrides[alias] = Limits(o.requests_per_minute, o.tokens_per_minute)
+
+    async def _maintain_ledger(self) -> None:
+        try:
+            moved = await self.ledger.maintain()
+        except DatabaseUnavailable:
+            return
+        except Exception as exc:
+            log.error("ledger roll-up failed: %r", exc)
+            return
+        if moved:
+            log.info("ledger: %d minute rows rolled up into hours", moved)
 
     async def _flush_ledger(self) -> None:
-        """Settled requests reach the ledger's file every `ledger.flush_interval_sec`: a
-        `kill -9` loses at most that much; a clean stop loses nothing (`close`)."""
+        """Settled requests reach the database every `ledger.flush_interval_sec`: a
+        `kill -9` loses at most that much; a clean stop loses nothing (`close`). While the
+        database is unreachable they are kept and retried (`Database` logs the outage)."""
         while True:
             await asyncio.sleep(self.ledger.flush_interval)
             try:
                 await self.ledger.flush()
+            except DatabaseUnavailable:
+                pass
             except Exception as exc:
                 log.error("ledger flush failed (kept for the next flush): %r", exc)
 
@@ -383,22 +446,48 @@ class Gateway:
     def limits_shared(self) -> bool:
         return self.store.shared
 
+    async def replicas(self) -> dict[str, float]:
+        """Every replica known to be alive and when it was last seen (unix seconds): this
+        one, now, and those the shared store has heard from."""
+        seen = await self.store.replicas()
+        seen[self.replica_id] = time.time()
+        return seen
+
     async def set_key_concurrency(self, key: KeySpec, cap: int) -> int:
         """A live `max_concurrent` (admin API), shared with every replica through Redis."""
+        if not self.pipeline.holds.gate.slots.shared and self.runtime.workers > 1:
+            raise Conflict(
+                "with --workers N and no Redis each worker counts its own slots, so a live "
+                "max_concurrent would reach one worker only: set TOKENGATE_REDIS_URL, or edit "
+                "settings.json and send SIGHUP",
+                code="not_shared",
+            )
         await self.pipeline.holds.gate.set_cap(key.alias, cap)
         log.warning("max_concurrent of key %s set live to %d", key.alias, cap)
         return cap
 
     async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
-        """A live per-key limit (admin API), shared with every replica through Redis."""
+        """A live per-key limit (admin API): durable, and enforced by every replica and
+        worker within a second (each reads `key_overrides` in its housekeeping)."""
         current = self.admission.overrides.get(key.alias) or Limits(
             key.requests_per_minute, key.tokens_per_minute
         )
         limits = Limits(rpm or current.requests_per_minute, tpm or current.tokens_per_minute)
+        await self.overrides.save(key.alias, limits.requests_per_minute, limits.tokens_per_minute)
         self.admission.overrides[key.alias] = limits
-        await self.store.save_override(key.alias, limits)
         log.warning("limits of key %s set live to %s", key.alias, limits)
         return limits
+
+    def database_health(self) -> dict[str, object]:
+        """The database's part of `/health/ready` (informational: the gateway serves without
+        it, buffering the ledger, so it never makes a replica unready)."""
+        return {
+            "backend": self.db.dialect,
+            "where": self.db.where,
+            "up": self.db.up,
+            "error": self.db.last_error,
+            "ledger_backlog_rows": self.ledger.backlog,
+        }
 
 
 def _anonymous(settings: Any) -> KeySpec:

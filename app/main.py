@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
-from app.api import admin, batches, errors, health, openai
+from app.api import admin, batches, errors, health, openai, ui
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
@@ -72,6 +72,8 @@ def create_app(
     app.include_router(batches.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    if runtime.settings.ui.enabled:
+        ui.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     # Outside FastAPI, so a proxied request crosses none of its middleware layers.
     front = EdgeRoutes(app, gateway)

@@ -5,6 +5,9 @@ Nothing else imports prometheus_client. Instruments live on an explicitly passed
 `PROMETHEUS_MULTIPROC_DIR` before any worker imports this module, values go to
 per-process files and `render()` aggregates them, so one scrape sums all workers.
 
+The verbs also feed the status page's ring of recent traffic (`app.status`), when the
+gateway attached one with `watch`: the page and Prometheus count the same events.
+
 Label values are bounded: `key` is the alias, `model` is one of the configured or
 discovered models (else `other`), `domain` comes from the config. Label children are
 cached per label tuple because `.labels()` takes a lock and builds a tuple each call.
@@ -27,6 +30,9 @@ from prometheus_client import (
 from prometheus_client import multiprocess as _mp
 
 from app.kinds import TokenKind
+from app.status.board import StatusBoard
+from app.status.recent import Failure, RecentErrors
+from app.status.ring import Ring
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 MAX_MODEL_LABELS = 200
@@ -68,6 +74,8 @@ class Metrics:
         self._models: set[str] = set(models)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._answers: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
+        self._ring: Ring | None = None
+        self._errors: RecentErrors | None = None
         r = registry
         self.requests = Counter(
             "tokengate_requests",
@@ -203,6 +211,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self._add_durable_state(r)
+
+    def watch(self, board: StatusBoard | None) -> None:
+        """Feed `board` (the status page's recent traffic) from the verbs below too."""
+        self._ring = board.ring if board is not None else None
+        self._errors = board.errors if board is not None else None
 
     # -- label hygiene -------------------------------------------------------------
     def add_models(self, models: Iterable[str]) -> None:
@@ -229,6 +243,8 @@ class Metrics:
         m = self.model_label(model)
         self._child(self.requests, domain, m, str(status)).inc()
         self._child(self.duration, domain, m).observe(seconds)
+        if self._ring is not None:
+            self._ring.answered(status)
 
     def record_answer(
         self, domain: str, model: str | None, usage: UsageLike, status: int, seconds: float
@@ -252,6 +268,8 @@ class Metrics:
             prompt.inc(usage.prompt_tokens)
         if usage.completion_tokens:
             completion.inc(usage.completion_tokens)
+        if self._ring is not None:
+            self._ring.answered(status, usage.prompt_tokens, usage.completion_tokens)
         if usage.failed_prompt_tokens or usage.failed_completion_tokens:
             self.record_failed_usage(
                 usage.key, usage.model, usage.failed_prompt_tokens, usage.failed_completion_tokens
@@ -259,6 +277,8 @@ class Metrics:
 
     def record_ttft(self, domain: str, model: str | None, seconds: float) -> None:
         self._child(self.ttft, domain, self.model_label(model)).observe(seconds)
+        if self._ring is not None:
+            self._ring.ttft(seconds)
 
     def record_failed_usage(
         self, key: str, model: str | None, prompt: int, completion: int
@@ -289,6 +309,8 @@ class Metrics:
 
     def record_queue_wait(self, domain: str, seconds: float) -> None:
         self._child(self.queue_wait, domain).observe(seconds)
+        if self._ring is not None:
+            self._ring.queue_wait(seconds)
 
     def set_queue_depth(self, domain: str, depth: int) -> None:
         self._child(self.queue_depth, domain).set(depth)
@@ -304,6 +326,14 @@ class Metrics:
         """An upstream 429 (flow control) and the cool-down seconds it added."""
         self._child(self.throttled, domain).inc()
         self.record_cooldown(domain, cooled_sec)
+        if self._ring is not None:
+            self._ring.throttled()
+
+    def record_error(self, failure: Failure) -> None:
+        """An error answer, for the status page's list of recent errors (no Prometheus
+        series: request ids are unbounded labels; the counts are in `requests`)."""
+        if self._errors is not None:
+            self._errors.add(failure)
 
     def record_cooldown(self, domain: str, seconds: float) -> None:
         if seconds > 0:
@@ -362,6 +392,53 @@ class Metrics:
 
     def record_key_wait(self, key: str, outcome: str) -> None:
         self._child(self.key_waits, key, outcome).inc()
+
+    # -- durable state (the database and the usage ledger) ---------------------------------
+    def _add_durable_state(self, r: CollectorRegistry) -> None:
+        self.database_up = Gauge(
+            "tokengate_database_up",
+            "1 when the database (SQLite file or PostgreSQL) answered the last call.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.ledger_flush = Histogram(
+            "tokengate_ledger_flush_seconds",
+            "Time to write one ledger flush (one transaction) to the database.",
+            buckets=_QUEUE,
+            registry=r,
+        )
+        self.ledger_flush_failures = Counter(
+            "tokengate_ledger_flush_failures",
+            "Ledger flushes that failed (kept in memory and retried).",
+            registry=r,
+        )
+        self.ledger_backlog = Gauge(
+            "tokengate_ledger_backlog_rows",
+            "Ledger rows settled but not yet written to the database.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.ledger_dropped = Counter(
+            "tokengate_ledger_dropped",
+            "Ledger entries dropped because the buffer was full (ledger.max_buffered_rows) "
+            "while the database was unreachable.",
+            registry=r,
+        )
+
+    def set_database_up(self, up: bool) -> None:
+        self.database_up.set(1 if up else 0)
+
+    def record_ledger_flush(self, seconds: float, rows: int, ok: bool) -> None:
+        if ok:
+            self.ledger_flush.observe(seconds)
+        else:
+            self.ledger_flush_failures.inc()
+
+    def set_ledger_backlog(self, rows: int) -> None:
+        self.ledger_backlog.set(rows)
+
+    def record_ledger_dropped(self) -> None:
+        self.ledger_dropped.inc()
 
     # -- exposition ---------------------------------------------------------------------
     def render(self) -> bytes:

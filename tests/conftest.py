@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from app.config.schema import DatabaseConfig
+from tests.support.postgres import Postgres, postgres_server
 from tests.support.procs import (
     Gateway,
     GatewaySpec,
@@ -86,3 +88,20 @@ def gateway(sim: Sim, _module_gateway: Gateway) -> Gateway:
 def redis() -> Iterator[Redis]:
     with redis_server() as r:
         yield r
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """One PostgreSQL server for the session (Debian's package, a throwaway cluster);
+    tests take a fresh database each (`Postgres.fresh_database`)."""
+    with postgres_server() as pg:
+        yield pg
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_cfg(request: pytest.FixtureRequest, tmp_path: Path) -> DatabaseConfig:
+    """The same test on the embedded SQLite file and on a real PostgreSQL database."""
+    if request.param == "sqlite":
+        return DatabaseConfig(path=str(tmp_path / "tokengate.sqlite3"))
+    pg: Postgres = request.getfixturevalue("postgres")
+    return DatabaseConfig.model_validate({"url": pg.url(pg.fresh_database())})

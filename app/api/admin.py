@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hmac
+from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api import views
 from app.api.deps import GatewayDep
-from app.errors import AuthenticationFailed, Conflict, NotFound
+from app.db.engine import DatabaseUnavailable
+from app.db.usage import UsageQuery
+from app.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
 from app.gateway import Gateway
 
 router = APIRouter(prefix="/admin")
@@ -33,10 +36,44 @@ AdminDep = Annotated[Gateway, Depends(_admin)]
 
 
 @router.get("/usage")
-async def usage(gateway: AdminDep) -> dict[str, object]:
+async def usage(
+    gateway: AdminDep,
+    start: Annotated[str | None, Query(alias="from")] = None,
+    end: Annotated[str | None, Query(alias="to")] = None,
+) -> dict[str, object]:
+    """The ledger per key and model; `from` (inclusive) and `to` (exclusive) are ISO 8601
+    instants (UTC if no zone) or epoch seconds."""
+    query = UsageQuery(start=_instant(start, "from"), end=_instant(end, "to"))
     await gateway.settled()
-    rows = await gateway.ledger.rows()
-    return {"object": "list", "data": [r.as_dict() for r in rows]}
+    try:
+        rows = await gateway.ledger.report(query)
+    except DatabaseUnavailable:
+        raise ServiceUnavailable(
+            "the usage ledger's database is unreachable; usage is kept and written when it "
+            "returns (see /health/ready)",
+            code="database_unavailable",
+            retry_after=5.0,
+        ) from None
+    return {"object": "list", "data": rows}
+
+
+def _instant(value: str | None, param: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest(
+            f"'{param}' must be an ISO 8601 instant (2025-01-31T00:00:00Z) or epoch seconds",
+            param=param,
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp())
 
 
 @router.get("/status")
@@ -56,14 +93,17 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
     key = gateway.keys.by_alias.get(alias)
     if key is None:
         raise NotFound(f"no gateway key with alias '{alias}'", param="alias")
-    if not gateway.limits_shared and gateway.runtime.workers > 1:
-        raise Conflict(
-            "with --workers N and no Redis each worker holds its own limits, so a live change "
-            "would reach one worker only: set TOKENGATE_REDIS_URL, or edit settings.json and "
-            "send SIGHUP",
-            code="not_shared",
+    try:
+        limits = await gateway.set_key_limits(
+            key, change.requests_per_minute, change.tokens_per_minute
         )
-    limits = await gateway.set_key_limits(key, change.requests_per_minute, change.tokens_per_minute)
+    except DatabaseUnavailable:
+        raise ServiceUnavailable(
+            "live limits are kept in the database, which is unreachable: try again, or edit "
+            "settings.json and send SIGHUP",
+            code="database_unavailable",
+            retry_after=5.0,
+        ) from None
     if change.max_concurrent is not None:
         await gateway.set_key_concurrency(key, change.max_concurrent)
     return {

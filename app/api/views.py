@@ -26,6 +26,7 @@ def readiness(gateway: Gateway) -> tuple[bool, dict[str, object]]:
     }
     store = gateway.store
     body.update(store.health())
+    body["database"] = gateway.database_health()
     if store.refusing():
         ready = False
         body["status"] = "unavailable"

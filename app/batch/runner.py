@@ -27,6 +27,7 @@ import orjson
 from app.batch.service import item_error, new_id, request_counts
 from app.batch.store import BatchStore, Item, StoredFile
 from app.config.schema import BatchConfig
+from app.db.engine import DatabaseUnavailable
 from app.errors import GatewayError, RateLimited, ServiceUnavailable, UpstreamRejected
 from app.kinds import QueueClass
 from app.pipeline.answer import JsonAnswer
@@ -56,10 +57,16 @@ class BatchRunner:
         self.wake = asyncio.Event()
 
     async def run(self) -> None:
-        """The runner's loop (one task, owned by the gateway)."""
+        """The runner's loop (one task, owned by the gateway). The database going away
+        pauses it (items in flight stay pending); it resumes when the database returns."""
         while True:
-            for batch_id in await self.store.claim(self.owner, self.cfg.lease_sec):
-                await self._run_batch(batch_id)
+            try:
+                for batch_id in await self.store.claim(self.owner, self.cfg.lease_sec):
+                    await self._run_batch(batch_id)
+            except DatabaseUnavailable:
+                pass  # the database logs its outage once; /health/ready shows it
+            except Exception:
+                log.exception("batch runner pass failed; trying again")
             self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=self.cfg.lease_sec / 3)

@@ -1,43 +1,32 @@
-"""Persistent state of the files and batches API (SQLite).
+"""Persistent state of the files and batches API, in the shared database (app/db).
 
-    files    uploaded JSONL inputs and generated outputs, with their owner (key alias)
-    batches  one row per batch: status, timestamps, counts, output/error file ids, lease
-    items    one row per input line: pending -> done | failed, with the upstream's answer
+    files / file_chunks  uploaded JSONL inputs and generated outputs, with their owner (key
+                         alias); content in 1 MiB rows, so no single value is huge
+    batches              one row per batch: its OpenAI body, status, lease
+    items                one row per input line: pending -> done | failed, with the answer
 
-An item is marked `done` in the same transaction that stores its answer, so after a crash
-(even `kill -9`) a resumed batch re-sends only items that were never recorded done. A batch
-is run by the process holding its lease (`lease_owner`, `lease_until`); a process that dies
-stops renewing it and the next one takes over. All calls run on one worker thread that owns
-the connection, so the event loop never blocks on disk.
+Every replica reads and writes the same rows, so any replica answers for any batch. An
+item is marked `done` in the same statement that stores its answer, so after a crash (even
+`kill -9`) whoever resumes the batch re-sends only items never recorded done. A batch is
+run by the process holding its lease (`lease_owner`, `lease_until`); the lease is measured
+on the database's clock, so replicas need not agree on the time: a process that dies stops
+renewing it and another takes over once it lapses (`batch.lease_sec`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from sqlalchemy import and_, func, or_, select, update
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
-    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, content BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS batches (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL,
-    created_at INTEGER NOT NULL, lease_owner TEXT, lease_until REAL NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS items (
-    batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
-    request TEXT NOT NULL, state TEXT NOT NULL, result TEXT,
-    PRIMARY KEY (batch_id, idx));
-CREATE INDEX IF NOT EXISTS items_pending ON items (batch_id, state);
-"""
+from app.db.engine import Database
+from app.db.tables import batches, file_chunks, files, items
+
+CHUNK = 1024 * 1024
+_INSERT_ROWS = 1000  # items per INSERT statement when a batch is created
+_RUNNING = ("in_progress", "cancelling", "finalizing")
 
 
 @dataclass(frozen=True)
@@ -71,188 +60,178 @@ class Item:
 
 
 class BatchStore:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-db")
-        self._db: sqlite3.Connection | None = None
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(self._conn()))
-
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(
-                self.path, timeout=10, isolation_level=None, check_same_thread=False
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_SCHEMA)
-        return self._db
-
-    async def start(self) -> None:
-        await self._run(lambda db: None)
-
-    async def close(self) -> None:
-        def shut(db: sqlite3.Connection) -> None:
-            db.close()
-            self._db = None
-
-        if self._db is not None:
-            await self._run(shut)
-        self._pool.shutdown(wait=True)
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     # -- files ---------------------------------------------------------------------
     async def add_file(self, f: StoredFile, content: bytes) -> None:
-        await self._run(
-            lambda db: db.execute(
-                "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (f.id, f.owner, f.purpose, f.filename, f.bytes, f.created_at, content),
+        chunks = [
+            {"file_id": f.id, "seq": i, "data": content[at : at + CHUNK]}
+            for i, at in enumerate(range(0, len(content), CHUNK))
+        ]
+        async with self.db.begin() as conn:
+            await conn.execute(
+                files.insert().values(
+                    id=f.id,
+                    owner=f.owner,
+                    purpose=f.purpose,
+                    filename=f.filename,
+                    bytes=f.bytes,
+                    created_at=f.created_at,
+                )
             )
-        )
+            for chunk in chunks:  # one at a time: a statement never holds the whole file twice
+                await conn.execute(file_chunks.insert(), chunk)
 
     async def get_file(self, file_id: str) -> StoredFile | None:
-        def read(db: sqlite3.Connection) -> StoredFile | None:
-            row = db.execute(
-                "SELECT id, owner, purpose, filename, bytes, created_at FROM files WHERE id = ?",
-                (file_id,),
-            ).fetchone()
-            return StoredFile(*row) if row else None
-
-        return await self._run(read)
+        cols = (files.c.id, files.c.owner, files.c.purpose, files.c.filename)
+        stmt = select(*cols, files.c.bytes, files.c.created_at).where(files.c.id == file_id)
+        async with self.db.connect() as conn:
+            row = (await conn.execute(stmt)).first()
+        return StoredFile(*row) if row else None
 
     async def file_content(self, file_id: str) -> bytes:
-        def read(db: sqlite3.Connection) -> bytes:
-            row = db.execute("SELECT content FROM files WHERE id = ?", (file_id,)).fetchone()
-            return bytes(row[0]) if row else b""
-
-        return await self._run(read)
+        stmt = (
+            select(file_chunks.c.data)
+            .where(file_chunks.c.file_id == file_id)
+            .order_by(file_chunks.c.seq)
+        )
+        async with self.db.connect() as conn:
+            return b"".join(bytes(r[0]) for r in await conn.execute(stmt))
 
     # -- batches -----------------------------------------------------------------------
     async def add_batch(
         self,
         batch: dict[str, Any],
         owner: str,
-        items: list[tuple[str, dict[str, Any], str, dict[str, Any] | None]],
+        rows: list[tuple[str, dict[str, Any], str, dict[str, Any] | None]],
     ) -> None:
         """Insert a batch and its items (custom_id, request, state, result) atomically."""
-
-        def insert(db: sqlite3.Connection) -> None:
-            with db:
-                db.execute("BEGIN")
-                db.execute(
-                    "INSERT INTO batches (id, owner, body, status, created_at) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (batch["id"], owner, json.dumps(batch), batch["status"], batch["created_at"]),
+        params = [
+            {
+                "batch_id": batch["id"],
+                "idx": i,
+                "custom_id": cid,
+                "request": json.dumps(req),
+                "state": state,
+                "result": json.dumps(res) if res is not None else None,
+            }
+            for i, (cid, req, state, res) in enumerate(rows)
+        ]
+        async with self.db.begin() as conn:
+            await conn.execute(
+                batches.insert().values(
+                    id=batch["id"],
+                    owner=owner,
+                    body=json.dumps(batch),
+                    status=batch["status"],
+                    created_at=batch["created_at"],
                 )
-                db.executemany(
-                    "INSERT INTO items VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            batch["id"],
-                            i,
-                            cid,
-                            json.dumps(req),
-                            state,
-                            json.dumps(res) if res is not None else None,
-                        )
-                        for i, (cid, req, state, res) in enumerate(items)
-                    ],
-                )
-
-        await self._run(insert)
+            )
+            for at in range(0, len(params), _INSERT_ROWS):
+                await conn.execute(items.insert(), params[at : at + _INSERT_ROWS])
 
     async def get_batch(self, batch_id: str) -> tuple[str, dict[str, Any]] | None:
-        def read(db: sqlite3.Connection) -> tuple[str, dict[str, Any]] | None:
-            row = db.execute("SELECT owner, body FROM batches WHERE id = ?", (batch_id,)).fetchone()
-            return (row[0], json.loads(row[1])) if row else None
-
-        return await self._run(read)
+        stmt = select(batches.c.owner, batches.c.body).where(batches.c.id == batch_id)
+        async with self.db.connect() as conn:
+            row = (await conn.execute(stmt)).first()
+        return (row[0], json.loads(row[1])) if row else None
 
     async def save_batch(self, batch: dict[str, Any]) -> None:
-        await self._run(
-            lambda db: db.execute(
-                "UPDATE batches SET body = ?, status = ? WHERE id = ?",
-                (json.dumps(batch), batch["status"], batch["id"]),
+        async with self.db.begin() as conn:
+            await conn.execute(
+                update(batches)
+                .where(batches.c.id == batch["id"])
+                .values(body=json.dumps(batch), status=batch["status"])
             )
-        )
 
     async def list_batches(self, owner: str, after: str | None, limit: int) -> list[dict[str, Any]]:
-        def read(db: sqlite3.Connection) -> list[dict[str, Any]]:
-            rows = db.execute(
-                "SELECT id, body FROM batches WHERE owner = ? ORDER BY created_at DESC, id DESC",
-                (owner,),
-            ).fetchall()
-            ids = [r[0] for r in rows]
-            start = ids.index(after) + 1 if after in ids else 0
-            return [json.loads(r[1]) for r in rows[start : start + limit]]
-
-        return await self._run(read)
+        """Newest first; `after` is the last id of the previous page (keyset pagination)."""
+        stmt = select(batches.c.body).where(batches.c.owner == owner)
+        order = (batches.c.created_at.desc(), batches.c.id.desc())
+        async with self.db.connect() as conn:
+            if after is not None:
+                mark = (
+                    await conn.execute(
+                        select(batches.c.created_at, batches.c.id).where(
+                            batches.c.id == after, batches.c.owner == owner
+                        )
+                    )
+                ).first()
+                if mark is not None:
+                    stmt = stmt.where(
+                        or_(
+                            batches.c.created_at < mark[0],
+                            and_(batches.c.created_at == mark[0], batches.c.id < mark[1]),
+                        )
+                    )
+            rows = await conn.execute(stmt.order_by(*order).limit(limit))
+            return [json.loads(r[0]) for r in rows]
 
     async def claim(self, owner: str, lease_sec: float) -> list[str]:
         """Take (or renew) the lease of every unfinished batch nobody else holds."""
-
-        def grab(db: sqlite3.Connection) -> list[str]:
-            now = time.time()
-            db.execute(
-                "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE status IN "
-                "('in_progress', 'cancelling', 'finalizing') AND (lease_owner IS NULL OR "
-                "lease_owner = ? OR lease_until < ?)",
-                (owner, now + lease_sec, owner, now),
+        now = self.db.now()
+        free = or_(
+            batches.c.lease_owner.is_(None),
+            batches.c.lease_owner == owner,
+            batches.c.lease_until < now,
+        )
+        async with self.db.begin() as conn:
+            await conn.execute(
+                update(batches)
+                .where(and_(batches.c.status.in_(_RUNNING), free))
+                .values(lease_owner=owner, lease_until=now + lease_sec)
             )
-            rows = db.execute(
-                "SELECT id FROM batches WHERE lease_owner = ? AND status IN "
-                "('in_progress', 'cancelling', 'finalizing') ORDER BY created_at",
-                (owner,),
-            ).fetchall()
+            rows = await conn.execute(
+                select(batches.c.id)
+                .where(batches.c.lease_owner == owner, batches.c.status.in_(_RUNNING))
+                .order_by(batches.c.created_at)
+            )
             return [r[0] for r in rows]
 
-        return await self._run(grab)
-
     async def release(self, owner: str) -> None:
-        await self._run(
-            lambda db: db.execute(
-                "UPDATE batches SET lease_until = 0 WHERE lease_owner = ?", (owner,)
+        async with self.db.begin() as conn:
+            await conn.execute(
+                update(batches).where(batches.c.lease_owner == owner).values(lease_until=0)
             )
-        )
 
     # -- items --------------------------------------------------------------------------
     async def pending(self, batch_id: str) -> list[Item]:
-        def read(db: sqlite3.Connection) -> list[Item]:
-            rows = db.execute(
-                "SELECT idx, custom_id, request FROM items WHERE batch_id = ? AND "
-                "state = 'pending' ORDER BY idx",
-                (batch_id,),
-            ).fetchall()
+        stmt = (
+            select(items.c.idx, items.c.custom_id, items.c.request)
+            .where(items.c.batch_id == batch_id, items.c.state == "pending")
+            .order_by(items.c.idx)
+        )
+        async with self.db.connect() as conn:
+            rows = await conn.execute(stmt)
             return [Item(batch_id, r[0], r[1], json.loads(r[2])) for r in rows]
 
-        return await self._run(read)
-
     async def finish_item(self, item: Item, state: str, result: dict[str, Any]) -> None:
-        await self._run(
-            lambda db: db.execute(
-                "UPDATE items SET state = ?, result = ? WHERE batch_id = ? AND idx = ? AND "
-                "state = 'pending'",
-                (state, json.dumps(result), item.batch_id, item.idx),
+        async with self.db.begin() as conn:
+            await conn.execute(
+                update(items)
+                .where(
+                    items.c.batch_id == item.batch_id,
+                    items.c.idx == item.idx,
+                    items.c.state == "pending",
+                )
+                .values(state=state, result=json.dumps(result))
             )
-        )
 
     async def counts(self, batch_id: str) -> dict[str, int]:
-        def read(db: sqlite3.Connection) -> dict[str, int]:
-            rows = db.execute(
-                "SELECT state, COUNT(*) FROM items WHERE batch_id = ? GROUP BY state", (batch_id,)
-            ).fetchall()
-            return {state: n for state, n in rows}
-
-        return await self._run(read)
+        stmt = (
+            select(items.c.state, func.count())
+            .where(items.c.batch_id == batch_id)
+            .group_by(items.c.state)
+        )
+        async with self.db.connect() as conn:
+            return {state: int(n) for state, n in await conn.execute(stmt)}
 
     async def results(self, batch_id: str) -> list[tuple[str, dict[str, Any]]]:
-        def read(db: sqlite3.Connection) -> list[tuple[str, dict[str, Any]]]:
-            rows = db.execute(
-                "SELECT state, result FROM items WHERE batch_id = ? AND "
-                "state != 'pending' ORDER BY idx",
-                (batch_id,),
-            ).fetchall()
-            return [(r[0], json.loads(r[1])) for r in rows]
-
-        return await self._run(read)
+        stmt = (
+            select(items.c.state, items.c.result)
+            .where(items.c.batch_id == batch_id, items.c.state != "pending")
+            .order_by(items.c.idx)
+        )
+        async with self.db.connect() as conn:
+            return [(r[0], json.loads(r[1])) for r in await conn.execute(stmt)]

@@ -378,21 +378,69 @@ class ServerConfig(Section):
     )
 
 
-class LedgerConfig(Section):
+class DatabaseConfig(Section):
+    url: SecretStr | None = Field(
+        None,
+        description="PostgreSQL URL shared by every replica (`TOKENGATE_DATABASE_URL`; "
+        "`postgresql://user:password@host:5432/tokengate`, `postgres://` and "
+        "`?sslmode=require` accepted). Unset: the embedded SQLite file at `database.path`.",
+    )
     path: str = Field(
-        "var/ledger.sqlite3",
-        description="SQLite file of the usage ledger (without Redis); its directory is created.",
+        "var/tokengate.sqlite3",
+        description="SQLite file of the durable state (usage ledger, batches, files, live "
+        "key limits) when `database.url` is unset; its directory is created. One node only: "
+        "replicas on several hosts need `database.url`.",
+    )
+    pool_size: PositiveInt = Field(5, description="PostgreSQL connections each process keeps open.")
+    max_overflow: int = Field(
+        5, ge=0, description="Extra PostgreSQL connections a burst may open beyond `pool_size`."
+    )
+    connect_timeout_sec: float = Field(
+        5, gt=0, le=120, description="Timeout of opening one database connection."
+    )
+    statement_timeout_sec: float = Field(
+        30,
+        gt=0,
+        description="Longest one database statement may run (PostgreSQL), or wait for the "
+        "file lock (SQLite busy timeout).",
+    )
+
+
+class LedgerConfig(Section):
+    path: str | None = Field(
+        None,
+        description="Deprecated and ignored: the ledger lives in the database "
+        "(`database.path`, or `database.url`). Still accepted so older files load.",
     )
     flush_interval_sec: float = Field(
-        1.0, gt=0, description="How often the in-process ledger is written to SQLite."
+        1.0,
+        gt=0,
+        le=60,
+        description="How often settled requests are written to the database (one transaction "
+        "per flush). A `kill -9` loses at most this much; SIGTERM loses nothing.",
+    )
+    max_buffered_rows: PositiveInt = Field(
+        500_000,
+        description="Most unwritten ledger rows (one per minute, key, model, domain and "
+        "status) kept in memory while the database is unreachable; past it new rows are "
+        "dropped and counted in `tokengate_ledger_dropped_total`.",
+    )
+    minute_retention_days: PositiveInt = Field(
+        14,
+        description="Minute buckets older than this are rolled up into hour buckets.",
+    )
+    hour_retention_days: int = Field(
+        0,
+        ge=0,
+        description="Hour buckets older than this are deleted; 0 keeps them forever.",
     )
 
 
 class BatchConfig(Section):
-    path: str = Field(
-        "var/batches.sqlite3",
-        description="SQLite file holding uploaded files, batches and their items (survives "
-        "crashes; a batch resumes where it stopped).",
+    path: str | None = Field(
+        None,
+        description="Deprecated and ignored: files, batches and their items live in the "
+        "database (`database.path`, or `database.url`). Still accepted so older files load.",
     )
     max_file_bytes: PositiveInt = Field(
         100 * 1024 * 1024, description="Largest `POST /v1/files` upload; larger gets 413."
@@ -412,7 +460,23 @@ class BatchConfig(Section):
         10,
         gt=0,
         description="A batch is owned by one process for this long, renewed while "
-        "it runs; after a crash another process (or the restart) takes it over.",
+        "it runs; after a crash another replica (or the restart) takes it over. Measured "
+        "on the database's clock, so replicas' clocks need not agree.",
+    )
+
+
+class UiConfig(Section):
+    enabled: bool = Field(
+        True,
+        description="Serve the live status page at `/ui` (its data, `/admin/ui/snapshot`, needs "
+        "the admin key). Off: both answer 404 and no recent traffic is kept in memory.",
+    )
+    step_sec: int = Field(
+        5,
+        ge=1,
+        le=60,
+        description="Seconds per point of the status page's 15-minute charts (900 / step_sec "
+        "points per series, kept in a fixed-size ring in each process).",
     )
 
 
@@ -465,5 +529,7 @@ class Settings(BaseSettings):
     affinity: AffinityConfig = Field(default_factory=AffinityConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    ui: UiConfig = Field(default_factory=UiConfig)

@@ -5,7 +5,8 @@ environment > settings.json > config.toml > declared defaults. Our additions:
 
 - `${VAR}` in settings.json expands from the environment; a missing variable is an
   error naming the file, the JSON path and the variable;
-- `TOKENGATE_REDIS_URL` is a documented shorthand for `TOKENGATE_REDIS__URL`;
+- `TOKENGATE_REDIS_URL` is a documented shorthand for `TOKENGATE_REDIS__URL`, and
+  `TOKENGATE_DATABASE_URL` for `TOKENGATE_DATABASE__URL`;
 - `TOKENGATE_API_KEY`, `TOKENGATE_CONFIG`, `TOKENGATE_SETTINGS` are not settings
   (the first is `tokengate check`'s *client* key and must never become the upstream key);
 - a validation error is traced back to the source that supplied the value, so the
@@ -39,7 +40,10 @@ from app.config.schema import Settings
 
 ENV_PREFIX = "TOKENGATE_"
 _NOT_SETTINGS = {"TOKENGATE_API_KEY", "TOKENGATE_CONFIG", "TOKENGATE_SETTINGS"}
-_SHORTHANDS = {"TOKENGATE_REDIS_URL": "TOKENGATE_REDIS__URL"}
+_SHORTHANDS = {
+    "TOKENGATE_REDIS_URL": "TOKENGATE_REDIS__URL",
+    "TOKENGATE_DATABASE_URL": "TOKENGATE_DATABASE__URL",
+}
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 

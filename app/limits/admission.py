@@ -14,12 +14,13 @@ the total never silently becomes N times the configured one (logged at start).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.errors import RateLimited
-from app.limits.bucket import Decision, Limits
+from app.limits.bucket import Decision, Limits, Remaining
 from app.limits.ledger import Ledger, UsageEntry
 from app.limits.store import LimitStore
 from app.metrics import Metrics
@@ -40,6 +41,18 @@ class Ticket:
         return ratelimit_headers(self.decision)
 
 
+class KeyUse(NamedTuple):
+    """What is left of a key's limits, as the status page shows it."""
+
+    limits: Limits
+    remaining: Remaining | None
+    # "live": read now from this process's buckets; "last_request": what the shared
+    # store said at the key's last admission here, refilled since (other replicas' use
+    # since is not in it); "unknown": no request seen here, the buckets are shared.
+    source: str
+    age_sec: float | None = None  # how old a "last_request" figure is
+
+
 @dataclass
 class Admission:
     store: LimitStore
@@ -47,6 +60,10 @@ class Admission:
     ledger: Ledger
     divisor: int = 1
     overrides: dict[str, Limits] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    # The last decision per key alias and when it was made: what a shared store told
+    # this process at the key's last admission (the status page's cheap view of Redis).
+    seen: dict[str, tuple[Decision, float]] = field(default_factory=dict)
 
     def limits_for(self, key: KeySpec) -> Limits:
         base = self.overrides.get(key.alias) or Limits(
@@ -62,11 +79,30 @@ class Admission:
     async def admit(self, key: KeySpec, cost: int) -> Ticket:
         limits = self.limits_for(key)
         decision = await self.store.reserve(key.alias, limits, cost)
+        self.seen[key.alias] = (decision, self.clock())
         if decision.allowed:
             return Ticket(key.alias, limits, cost, decision)
         limit = decision.limit or "tokens"
         self.metrics.record_rate_limited(key.alias, limit)
         raise _refusal(decision, limit, cost, limits)
+
+    def use(self, key: KeySpec) -> KeyUse:
+        """Read live from a local store; from a shared one, the key's last admission on
+        this process, refilled since at the limits' rates (other replicas' use since
+        is not in it: the page says how old the figure is)."""
+        limits = self.limits_for(key)
+        live = self.store.peek(key.alias, limits)
+        if live is not None:
+            return KeyUse(limits, live, "live")
+        seen = self.seen.get(key.alias)
+        if seen is None:
+            return KeyUse(limits, None, "unknown")
+        decision, at = seen
+        age = max(0.0, self.clock() - at)
+        left = Remaining.projected(
+            limits, decision.requests_remaining, decision.tokens_remaining, age
+        )
+        return KeyUse(limits, left, "last_request", round(age, 1))
 
     def settle(self, ticket: Ticket, entry: UsageEntry, spawn: Spawn, *, dispatched: bool) -> None:
         """Correct the reservation; `dispatched=False` refunds the request entirely.

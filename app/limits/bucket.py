@@ -41,6 +41,12 @@ class Bucket:
             self.level = level if level < self.capacity else self.capacity
             self.stamp = now
 
+    def peek(self, now: float) -> float:
+        """The level `refill(now)` would leave, without changing anything (status page)."""
+        if now <= self.stamp:
+            return self.level
+        return min(self.capacity, self.level + (now - self.stamp) * self.rate)
+
     def wait_for(self, amount: float) -> float:
         """Seconds until `amount` fits (inf if it never can); call after `refill`."""
         if amount > self.capacity:
@@ -65,6 +71,21 @@ class Bucket:
 class Limits(NamedTuple):
     requests_per_minute: int
     tokens_per_minute: int
+
+
+class Remaining(NamedTuple):
+    """What is left of a key's limits at one instant (whole requests and tokens)."""
+
+    requests: int
+    tokens: int
+
+    @classmethod
+    def projected(cls, limits: Limits, requests: float, tokens: float, seconds: float) -> Remaining:
+        """`requests` and `tokens` left `seconds` ago, refilled since at the limits' rates."""
+        rpm, tpm = limits
+        r = min(rpm, requests + seconds * rpm / WINDOW_SEC)
+        t = min(tpm, tokens + seconds * tpm / WINDOW_SEC)
+        return cls(max(0, math.floor(r)), max(0, math.floor(t)))
 
 
 class Decision(NamedTuple):

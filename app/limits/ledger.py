@@ -1,29 +1,40 @@
-"""The usage ledger: per key and model, requests, errors and tokens, persisted.
+"""The usage ledger: every settled request, in minute buckets, durable in the database.
 
 Failures are recorded with what they consumed (docs/design.md, "What the second
 article adds"), so a row keeps the tokens of failed attempts apart from billed usage.
-In-process, totals accumulate in memory and pending deltas are added to SQLite every
-`flush_interval_sec` and at shutdown (`INSERT ... ON CONFLICT DO UPDATE SET n = n +
-excluded.n`), so several workers and successive restarts add up in one file instead
-of overwriting it.
+
+    settle ─► add(entry)            a dict update on the hot path, nothing else
+                 │                  (minute, key, model, domain, status) -> counters
+                 ▼
+    every flush_interval_sec ─► flush(): one transaction (app/db/usage.py)
+                 │  ok      -> gone from memory
+                 │  failed  -> kept as the *outstanding* flush, retried as it was, with the
+                 │             same sequence number: if its commit had gone through, the
+                 │             retry adds nothing; new entries gather meanwhile
+                 ▼
+    close (SIGTERM) ─► flush until nothing is left, or the database stays away
+
+While the database is unreachable the gateway keeps serving: entries gather in memory,
+at most `ledger.max_buffered_rows` rows (entries for an existing row always fit), and are
+written when it returns. `kill -9` loses at most one flush interval.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import NamedTuple
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
-COUNTERS = (
-    "requests",
-    "errors",
-    "prompt_tokens",
-    "completion_tokens",
-    "failed_prompt_tokens",
-    "failed_completion_tokens",
-)
+from app.config.schema import LedgerConfig
+from app.db.engine import DatabaseUnavailable
+from app.db.tables import COUNTERS
+from app.db.usage import BucketKey, UsageBook, UsageQuery
+
+log = logging.getLogger("tokengate.ledger")
 
 
 class UsageEntry(NamedTuple):
@@ -36,128 +47,163 @@ class UsageEntry(NamedTuple):
     error: bool = False
     failed_prompt_tokens: int = 0
     failed_completion_tokens: int = 0
+    domain: str = "-"
+    cached_tokens: int = 0
+    status: int = 200
 
-    def counters(self) -> tuple[int, ...]:
-        return (
+    def counters(self) -> list[int]:
+        """In the order of `app.db.tables.COUNTERS`."""
+        return [
             1,
             1 if self.error else 0,
             self.prompt_tokens,
             self.completion_tokens,
+            self.cached_tokens,
             self.failed_prompt_tokens,
             self.failed_completion_tokens,
-        )
+        ]
 
 
-@dataclass
-class LedgerRow:
-    key: str
-    model: str
-    requests: int = 0
-    errors: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    failed_prompt_tokens: int = 0
-    failed_completion_tokens: int = 0
-
-    def add(self, values: tuple[int, ...]) -> None:
-        # Spelled out, not a loop over COUNTERS with getattr/setattr: once per request.
-        requests, errors, prompt, completion, failed_prompt, failed_completion = values
-        self.requests += requests
-        self.errors += errors
-        self.prompt_tokens += prompt
-        self.completion_tokens += completion
-        self.failed_prompt_tokens += failed_prompt
-        self.failed_completion_tokens += failed_completion
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+class LedgerMetrics(Protocol):
+    def record_ledger_flush(self, seconds: float, rows: int, ok: bool) -> None: ...
+    def set_ledger_backlog(self, rows: int) -> None: ...
+    def record_ledger_dropped(self) -> None: ...
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS usage (
-    key TEXT NOT NULL, model TEXT NOT NULL,
-    requests INTEGER NOT NULL DEFAULT 0, errors INTEGER NOT NULL DEFAULT 0,
-    prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
-    failed_prompt_tokens INTEGER NOT NULL DEFAULT 0,
-    failed_completion_tokens INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (key, model))
-"""
-_UPSERT = (
-    f"INSERT INTO usage (key, model, {', '.join(COUNTERS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (key, model) DO UPDATE SET "
-    + ", ".join(f"{c} = {c} + excluded.{c}" for c in COUNTERS)
-)
+Buckets = dict[BucketKey, list[int]]
 
 
-@dataclass
 class Ledger:
-    path: Path | None
-    flush_interval: float = 1.0
-    _pending: dict[tuple[str, str], LedgerRow] = field(default_factory=dict)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    def __init__(
+        self,
+        book: UsageBook,
+        cfg: LedgerConfig,
+        *,
+        metrics: LedgerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.book = book
+        self.cfg = cfg
+        self.flush_interval = cfg.flush_interval_sec
+        self.metrics = metrics
+        self.clock = clock
+        # One writer per process lifetime: its sequence numbers make flushes idempotent.
+        self.writer = f"{socket.gethostname()[:40]}:{os.getpid()}:{os.urandom(4).hex()}"
+        self._seq = 0
+        self._pending: Buckets = {}
+        self._outstanding: tuple[int, Buckets] | None = None
+        self._lock = asyncio.Lock()
+        self.dropped = 0
+        self.last_flush: float | None = None
 
-    async def start(self) -> None:
-        if self.path is not None:
-            await asyncio.to_thread(self._init_db)
-
-    def _init_db(self) -> None:
-        assert self.path is not None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(_SCHEMA)
-
-    def _connect(self) -> sqlite3.Connection:
-        assert self.path is not None
-        return sqlite3.connect(self.path, timeout=10)
-
+    # -- the hot path -------------------------------------------------------------------------
     def add(self, entry: UsageEntry) -> None:
-        key = (entry.key, entry.model)
+        now = int(self.clock())
+        key = (now - now % 60, entry.key, entry.model, entry.domain, entry.status)
         row = self._pending.get(key)
-        if row is None:
-            row = self._pending[key] = LedgerRow(entry.key, entry.model)
-        row.add(entry.counters())
+        if row is not None:
+            row[0] += 1
+            row[1] += 1 if entry.error else 0
+            row[2] += entry.prompt_tokens
+            row[3] += entry.completion_tokens
+            row[4] += entry.cached_tokens
+            row[5] += entry.failed_prompt_tokens
+            row[6] += entry.failed_completion_tokens
+        elif self.backlog < self.cfg.max_buffered_rows:
+            self._pending[key] = entry.counters()
+        else:
+            self._drop(entry)
 
-    async def flush(self) -> None:
-        if self.path is None or not self._pending:
-            return
-        async with self._lock:
-            pending, self._pending = self._pending, {}
-            try:
-                await asyncio.to_thread(self._write, list(pending.values()))
-            except Exception:
-                for row in pending.values():  # keep them for the next flush
-                    self.merge(row)
-                raise
-
-    def merge(self, row: LedgerRow) -> None:
-        mine = self._pending.setdefault((row.key, row.model), LedgerRow(row.key, row.model))
-        mine.add(tuple(getattr(row, c) for c in COUNTERS))
-
-    def _write(self, rows: list[LedgerRow]) -> None:
-        with self._connect() as db:
-            db.executemany(
-                _UPSERT, [(r.key, r.model, *(getattr(r, c) for c in COUNTERS)) for r in rows]
+    def _drop(self, entry: UsageEntry) -> None:
+        self.dropped += 1
+        if self.metrics is not None:
+            self.metrics.record_ledger_dropped()
+        if self.dropped == 1 or self.dropped % 1000 == 0:
+            log.error(
+                "ledger buffer full (%d rows, ledger.max_buffered_rows) while the database "
+                "is unreachable: %d entries dropped so far (key %s)",
+                self.backlog,
+                self.dropped,
+                entry.key,
             )
 
-    async def rows(self) -> list[LedgerRow]:
-        if self.path is None:
-            return sorted(self._pending.values(), key=lambda r: (r.key, r.model))
-        await self.flush()
-        return await asyncio.to_thread(self._read)
+    @property
+    def backlog(self) -> int:
+        """Rows not yet in the database."""
+        held = len(self._outstanding[1]) if self._outstanding is not None else 0
+        return len(self._pending) + held
 
-    def _read(self) -> list[LedgerRow]:
-        with self._connect() as db:
-            cur = db.execute(f"SELECT key, model, {', '.join(COUNTERS)} FROM usage ORDER BY 1, 2")
-            return [LedgerRow(*row) for row in cur.fetchall()]
+    # -- flushing ------------------------------------------------------------------------------
+    async def flush(self) -> None:
+        """Write what is pending; raises `DatabaseUnavailable` (everything is kept)."""
+        async with self._lock:
+            if self._outstanding is None:
+                if not self._pending:
+                    return
+                self._seq += 1
+                self._outstanding, self._pending = (self._seq, self._pending), {}
+            seq, rows = self._outstanding
+            started = time.perf_counter()
+            try:
+                await self.book.write(self.writer, seq, rows)
+            except BaseException:
+                self._report(started, len(rows), ok=False)
+                raise
+            self._outstanding = None
+            self.last_flush = self.clock()
+            self._report(started, len(rows), ok=True)
 
-    def drain_pending(self) -> list[LedgerRow]:
-        """Hand over unflushed rows (the Redis store replays them once Redis is back)."""
-        pending, self._pending = self._pending, {}
-        return list(pending.values())
+    def _report(self, started: float, rows: int, *, ok: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.record_ledger_flush(time.perf_counter() - started, rows, ok)
+            self.metrics.set_ledger_backlog(self.backlog)
 
-    async def close(self) -> None:
-        await self.flush()
+    async def flush_all(self, deadline: float) -> None:
+        """Flush until nothing is left (entries that arrived during a retry included)."""
+        while self.backlog:
+            try:
+                await self.flush()
+            except DatabaseUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def close(self, grace_sec: float = 10.0) -> None:
+        try:
+            await self.flush_all(time.monotonic() + grace_sec)
+        except DatabaseUnavailable as exc:
+            log.error(
+                "shutting down with %d ledger rows unwritten (%s): %s",
+                self.backlog,
+                exc,
+                self.summary(),
+            )
+            raise
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """Unwritten totals per key, for the log line of a shutdown that could not flush."""
+        out: dict[str, dict[str, int]] = {}
+        held = self._outstanding[1] if self._outstanding is not None else {}
+        for source in (held, self._pending):
+            for key, values in source.items():
+                into = out.setdefault(key[1], dict.fromkeys(COUNTERS, 0))
+                for name, v in zip(COUNTERS, values, strict=True):
+                    into[name] += v
+        return out
+
+    # -- reading and retention ------------------------------------------------------------------
+    async def report(self, query: UsageQuery) -> list[dict[str, object]]:
+        """Usage as the database has it once everything settled so far is flushed."""
+        await self.flush_all(time.monotonic() + 2.0)
+        return await self.book.report(query)
+
+    async def maintain(self) -> int:
+        """Roll old minutes into hours, drop hours past retention (housekeeping)."""
+        cfg = self.cfg
+        moved, _ = await self.book.maintain(
+            int(self.clock()), cfg.minute_retention_days, cfg.hour_retention_days
+        )
+        return moved
 
     def describe(self) -> str:
-        return str(self.path) if self.path is not None else "memory"
+        return self.book.db.where

@@ -25,7 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from app.errors import ServiceUnavailable
 from app.limits import lua
-from app.limits.bucket import Decision, Limits
+from app.limits.bucket import Decision, Limits, Remaining
 from app.limits.concurrency import KeySlots, SharedSlots
 from app.limits.pacing import Pacer, PaceState
 from app.limits.shared_pace import RedisPacer
@@ -35,6 +35,7 @@ log = logging.getLogger("tokengate.redis")
 _RETRY_SEC = 1.0
 _SLOW_TO_DOWN = 3
 _LIMIT_NAMES = {0: None, 1: "requests", 2: "tokens"}
+REPLICA_TTL_SEC = 60  # a replica silent this long drops off the status page's list
 
 
 class RedisStore:
@@ -50,6 +51,7 @@ class RedisStore:
         timeout_ms: int = 250,
         max_connections: int = 64,
         on_state: Any = None,
+        replica: str | None = None,
     ) -> None:
         timeout = timeout_ms / 1000
         # A blocking pool: under a burst, callers wait (briefly) for a free connection
@@ -73,14 +75,18 @@ class RedisStore:
         self._local = MemoryBuckets()
         self._slow = 0  # consecutive timeouts
         self._on_state = on_state
+        self.replica = replica  # our member of the `replicas` set (status page)
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
         await self.probe()
 
     async def close(self) -> None:
-        await self.probe()
-        await self._client.aclose()
+        if await self.probe() and self.replica is not None:
+            # a clean stop leaves the list at once; a crash ages out (REPLICA_TTL_SEC)
+            await self._client.zrem(f"{self.prefix}replicas", self.replica)
+        # The pool was passed in, so the client would leave its connections open.
+        await self._client.aclose(close_connection_pool=True)
 
     async def probe(self) -> bool:
         try:
@@ -204,7 +210,41 @@ class RedisStore:
         if not self.up:
             await self.probe()
             return {}
+        await self._heartbeat()
         return await self.load_overrides()
+
+    async def _heartbeat(self) -> None:
+        """Say this replica is alive (status page), and forget those long silent."""
+        if self.replica is None:
+            return
+        now, key = time.time(), f"{self.prefix}replicas"
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(key, {self.replica: now})
+                pipe.zremrangebyscore(key, "-inf", now - REPLICA_TTL_SEC)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._mark_down(exc)
+
+    async def replicas(self) -> dict[str, float]:
+        if not self.up:
+            return {}
+        try:
+            key = f"{self.prefix}replicas"
+            raw: list[Any] = await self._client.zrange(key, 0, -1, withscores=True)
+        except (RedisError, OSError) as exc:
+            self._mark_down(exc)
+            return {}
+        cutoff = time.time() - REPLICA_TTL_SEC
+        pairs = ((str(name), float(at)) for name, at in raw)
+        return {name: at for name, at in pairs if at >= cutoff}
+
+    def peek(self, key: str, limits: Limits) -> Remaining | None:
+        """Only while Redis is down in `open` mode does this process know (its own
+        buckets then decide); otherwise the buckets are in Redis, not read per page."""
+        if not self.up and self.fail_mode == "open":
+            return self._local.peek(key, limits)
+        return None
 
     def health(self) -> dict[str, object]:
         return {"redis": {"up": self.up, "fail_mode": self.fail_mode}}

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.limits.bucket import Bucket, Decision, Limits, decide
+from app.limits.bucket import Bucket, Decision, Limits, Remaining, decide
 from app.limits.concurrency import KeySlots, LocalSlots
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
@@ -76,6 +76,16 @@ class LimitStore(Protocol):
         """Where keys' `max_concurrent` slots are counted (shared when limits are)."""
         ...
 
+    def peek(self, key: str, limits: Limits) -> Remaining | None:
+        """What is left of a key's limits now, if this process knows it without I/O
+        (the status page); None when only the shared store knows."""
+        ...
+
+    async def replicas(self) -> dict[str, float]:
+        """The other replicas sharing this store and when each last showed signs of life
+        (unix seconds); none for a store of one process."""
+        ...
+
 
 @dataclass
 class _KeyBuckets:
@@ -107,6 +117,15 @@ class MemoryBuckets:
     def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
         b = self._get(key, limits)
         return decide(b.requests, b.tokens, cost, self.clock())
+
+    def peek(self, key: str, limits: Limits) -> Remaining:
+        """A key's buckets as they stand now, refilled but not touched (a key never seen
+        has its whole allowance)."""
+        found = self._keys.get(key)
+        if found is None:
+            return Remaining(limits.requests_per_minute, limits.tokens_per_minute)
+        now = self.clock()
+        return Remaining.projected(limits, found.requests.peek(now), found.tokens.peek(now), 0.0)
 
     def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         b = self._get(key, limits)
@@ -159,3 +178,9 @@ class MemoryStore:
 
     def key_slots(self) -> KeySlots:
         return LocalSlots()
+
+    def peek(self, key: str, limits: Limits) -> Remaining:
+        return self.buckets.peek(key, limits)
+
+    async def replicas(self) -> dict[str, float]:
+        return {}

@@ -50,6 +50,7 @@ from app.pipeline.holds import KeyHolds
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
+from app.status.recent import Failure
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.usage import parse_usage
@@ -430,6 +431,9 @@ class Pipeline:
             error=status != 200,
             failed_prompt_tokens=failed[0],
             failed_completion_tokens=failed[1],
+            domain=trace.domain or "-",
+            cached_tokens=trace.cached_tokens,
+            status=status,
         )
         self.admission.settle(ticket, entry, self.spawn, dispatched=trace.dispatched)
         self._log(trace, status, exc, entry)
@@ -452,6 +456,18 @@ class Pipeline:
             self.metrics.record_request(domain, model, status, seconds)
         else:
             self.metrics.record_answer(domain, model, usage, status, seconds)
+        if status >= 400:
+            self.metrics.record_error(
+                Failure(
+                    trace.request_id,
+                    trace.key,
+                    model,
+                    trace.domain,
+                    status,
+                    trace.error,
+                    _error_message(status, exc),
+                )
+            )
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
 
@@ -470,6 +486,19 @@ async def _first_event(chunks: AsyncIterator[bytes]) -> bytes:
             break
         data += chunk
     return data
+
+
+def _error_message(status: int, exc: BaseException | None) -> str:
+    """What the status page says of an error answer: the client's own message for a
+    `GatewayError` (written to be shown), a fixed sentence otherwise (never an
+    exception's text, which could carry anything)."""
+    if isinstance(exc, GatewayError):
+        return exc.message
+    if status == 499:
+        return "the client closed the connection before the answer ended"
+    if exc is None:
+        return "the upstream stream broke off after it started"
+    return "internal error; see the gateway log"
 
 
 def _status_of(exc: BaseException) -> int:

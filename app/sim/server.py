@@ -6,10 +6,11 @@ quota (429 with `Retry-After` and `retry-after-ms`, see quota.py) and an empty
 balance (429 `insufficient_quota`). Answers are deterministic, with
 usage counted its own way. It also records what it received (`GET /_sim/records`),
 so tests can assert which key, headers and bodies reached it, and counts concurrent
-requests (`GET /_sim/stats`). Faults are set by flags or `PUT /_sim/faults`.
-A request offering tools is answered with a tool call (`tools.py`), and a prompt cache
-per simulator (`cache.py`) reports the cached part of each prompt, as a domain's
-upstream would; `DELETE /_sim/records` also empties it.
+requests and the usage it billed for answers sent whole (`GET /_sim/stats`). Faults are
+set by flags or `PUT /_sim/faults`. A request that demands a tool or names one it offers
+is answered with a tool call (`tools.py`), and a prompt cache per simulator (`cache.py`)
+reports the cached part of each prompt, as a domain's upstream would;
+`DELETE /_sim/records` also empties it.
 The `/_sim/*` control routes have no auth: bind the simulator to loopback.
 """
 
@@ -53,6 +54,9 @@ class Sim:
         self.peak_inflight = 0
         self.counts: dict[str, int] = {}
         self.cache = PromptCache(knobs.cache_entries, knobs.cache_min_tokens)
+        # Usage of the answers sent whole: what an honest upstream bills (the ledger's
+        # e2e tests compare against it).
+        self.billed = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
         self._seq = 0
 
     # -- bookkeeping --------------------------------------------------------------
@@ -73,6 +77,11 @@ class Sim:
         if self.knobs.record:
             self.records.append(rec)
         return rec
+
+    def _bill(self, job: shapes.Job) -> None:
+        self.billed["requests"] += 1
+        self.billed["prompt_tokens"] += job.prompt_tokens
+        self.billed["completion_tokens"] += job.completion_tokens
 
     def _count(self, status: int) -> None:
         self.counts[str(status)] = self.counts.get(str(status), 0) + 1
@@ -198,6 +207,7 @@ class Sim:
             if self.knobs.tokens_per_sec:
                 await self._wait(request, job.completion_tokens / self.knobs.tokens_per_sec, rec)
             rec["completed"] = True
+            self._bill(job)
             return Response(
                 orjson.dumps(job.json_body()), headers=headers, media_type="application/json"
             )
@@ -223,6 +233,7 @@ class Sim:
                         await asyncio.sleep(gap)
                 yield event
             rec["completed"] = True
+            self._bill(job)
         except asyncio.CancelledError:
             rec["cancelled"] = True
             raise
@@ -276,6 +287,7 @@ class Sim:
         self.records.clear()
         self.counts.clear()
         self.cache = PromptCache(self.knobs.cache_entries, self.knobs.cache_min_tokens)
+        self.billed = dict.fromkeys(self.billed, 0)
         self.peak_inflight = self.inflight
         return Response(b"{}", media_type="application/json")
 
@@ -312,6 +324,7 @@ class Sim:
                     "records": len(self.records),
                     "cancelled": sum(1 for r in self.records if r["cancelled"]),
                     "balance": self.quota.balance,
+                    "billed": self.billed,
                 }
             ),
             media_type="application/json",

@@ -143,7 +143,7 @@ def _start(group: Group, tmp: Path, plan: QuotaPlan) -> tuple[str, str, Path]:
         **{SIM_KEY_ENV: subjects.UPSTREAM_KEY, "TAOTOKEN_API_KEY": subjects.UPSTREAM_KEY},
         TOKENGATE_LOGGING__OUTPUT=str(log),
         TOKENGATE_LOGGING__LEVEL="warning",
-        TOKENGATE_LEDGER__PATH=str(tmp / "ledger.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(tmp / "tokengate.sqlite3"),
         TOKENGATE_TOKEN_SCHEDULER__MAX_QUEUE_WAIT_MS=str(plan.max_queue_wait_ms),
     )
     cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(gw_port)]

@@ -83,6 +83,7 @@ def tokengate(
     cpus: str | None = None,
     redis_url: str | None = None,
     upstream_client: str = "native",
+    extra_env: dict[str, str] | None = None,
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
 
@@ -98,13 +99,14 @@ def tokengate(
         TOKENGATE_API_ENDPOINT=upstream,
         TOKENGATE_LOGGING__OUTPUT=str(workdir / "gateway.log"),
         TOKENGATE_LOGGING__LEVEL=log_level,
-        TOKENGATE_LEDGER__PATH=str(workdir / "ledger.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(workdir / "tokengate.sqlite3"),
         TOKENGATE_RATE_LIMIT__REQUESTS_PER_MINUTE=str(HUGE_RPM),
         TOKENGATE_RATE_LIMIT__TOKENS_PER_MINUTE=str(HUGE_TPM),
         TOKENGATE_SERVER__UPSTREAM_CLIENT=upstream_client,
     )
     if redis_url:
         env["TOKENGATE_REDIS_URL"] = redis_url
+    env.update(extra_env or {})
     if workers > 1:
         # What the CLI would create in /tmp, but inside the run's dir so it never leaks;
         # one worker keeps in-memory metrics, as `serve` does by default.

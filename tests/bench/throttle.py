@@ -112,7 +112,7 @@ def _gateway(
         **{SIM_KEY_ENV: subjects.UPSTREAM_KEY, "TAOTOKEN_API_KEY": subjects.UPSTREAM_KEY},
         TOKENGATE_LOGGING__OUTPUT=str(tmp / "gateway.log"),
         TOKENGATE_LOGGING__LEVEL="warning",
-        TOKENGATE_LEDGER__PATH=str(tmp / "ledger.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(tmp / "tokengate.sqlite3"),
         TOKENGATE_TOKEN_SCHEDULER__MAX_QUEUE_WAIT_MS=str(plan.max_queue_wait_ms),
         TOKENGATE_HEALTH_CHECK__ENABLED="false",  # probes would spend the upstream's quota
     )

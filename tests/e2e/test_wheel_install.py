@@ -134,6 +134,7 @@ def test_wheel_installs_and_serves(tmp_path: Path, sim: Sim) -> None:
     package = Path(where.stdout.strip()).parent
     assert package.is_relative_to(venv), f"imported {package}, not the installed wheel"
     assert (package / "limits" / "token_bucket.lua").is_file(), "the Redis script must ship"
+    assert (package / "ui" / "static" / "app.js").is_file(), "the status page must ship"
 
     (entry, *args) = exec_form(dockerfile_stages()[-1].all("ENTRYPOINT")[-1])
     log = tmp_path / "stdout.log"
@@ -163,6 +164,13 @@ def test_wheel_installs_and_serves(tmp_path: Path, sim: Sim) -> None:
         assert body["choices"][0]["message"]["content"]
         assert body["usage"]["completion_tokens"] > 0
         assert reply.headers["x-tokengate-domain"] == "domain-a"
+
+        # The status page is served from the installed package, not the source tree.
+        page = httpx.get(f"{url}/ui")
+        assert page.status_code == 200 and "/ui/assets/app.js" in page.text
+        for asset in ("app.js", "app.css", "icon.svg"):
+            shipped = (package / "ui" / "static" / asset).read_bytes()
+            assert httpx.get(f"{url}/ui/assets/{asset}").content == shipped, asset
     finally:
         code = stop(proc)
     # uvicorn re-raises the SIGTERM it caught once shutdown is complete, so a clean
@@ -173,4 +181,4 @@ def test_wheel_installs_and_serves(tmp_path: Path, sim: Sim) -> None:
     lines = [json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{")]
     assert any(ln.get("logger", "").startswith("tokengate") for ln in lines), "logs on stdout"
     assert any(ln["msg"].startswith("draining") for ln in lines), "SIGTERM must start a drain"
-    assert (root / "var" / "ledger.sqlite3").is_file(), "the ledger goes to the writable dir"
+    assert (root / "var" / "tokengate.sqlite3").is_file(), "the database goes to the writable dir"

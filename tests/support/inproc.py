@@ -1,7 +1,7 @@
 """The gateway in-process: a `Gateway` (or the whole ASGI app) on a test's own settings.
 
 `local_settings` fills in what every in-process test wants (no health probes, the
-ledger and batch files under the test's tmp dir); `Lifespan` runs an ASGI app's
+database file under the test's tmp dir); `Lifespan` runs an ASGI app's
 startup and shutdown, which httpx's `ASGITransport` does not.
 """
 
@@ -16,6 +16,8 @@ import httpx
 from starlette.types import ASGIApp, Message
 
 from app.config.schema import Settings
+from app.db import migrate
+from app.db.usage import UsageQuery
 from app.gateway import Gateway, TransportFactory
 from app.upstream.client import HttpxTransport, Timeouts
 
@@ -37,11 +39,16 @@ def local_settings(tmp_path: Path, data: dict[str, Any] | None = None) -> Settin
     return Settings.model_validate(
         {
             "health_check": {"enabled": False},
-            "ledger": {"path": str(tmp_path / "ledger.sqlite3")},
-            "batch": {"path": str(tmp_path / "batches.sqlite3")},
+            "database": {"path": str(tmp_path / "tokengate.sqlite3")},
             **(data or {}),
         }
     )
+
+
+async def ledger_rows(gateway: Gateway) -> list[dict[str, Any]]:
+    """`/admin/usage`'s rows, from a gateway that may not have been started."""
+    await migrate.prepare(gateway.db)
+    return await gateway.ledger.report(UsageQuery())
 
 
 def mock_transport(handler: Handler) -> TransportFactory:

@@ -254,8 +254,10 @@ def start_gateway(
     log_path = workdir / "gateway.log"
     settings = _merge({"logging": {}}, settings)
     toml = _merge(toml, {"logging": {"output": str(log_path)}})
-    settings.setdefault("ledger", {"path": str(workdir / "ledger.sqlite3")})
-    settings["batch"] = {"path": str(workdir / "batches.sqlite3"), **settings.get("batch", {})}
+    settings["database"] = {
+        "path": str(workdir / "tokengate.sqlite3"),
+        **settings.get("database", {}),
+    }
     (workdir / "config.toml").write_text(tomli_w.dumps(toml))
     (workdir / "settings.json").write_text(json.dumps(settings, indent=2))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENGATE_", "PROMETHEUS_"))}

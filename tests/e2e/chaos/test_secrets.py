@@ -149,7 +149,7 @@ def test_no_secret_in_logs_metrics_health_or_error_bodies(
     places = {
         "gateway log": gw.log_path.read_text(errors="replace"),
         "stdout/stderr": (gw.workdir / "stdout.log").read_text(errors="replace"),
-        "ledger file": (gw.workdir / "ledger.sqlite3").read_bytes().decode("latin-1"),
+        "database file": (gw.workdir / "tokengate.sqlite3").read_bytes().decode("latin-1"),
         "responses": "\n".join(rec.seen),
     }
     assert places["gateway log"].count('"tokengate.access"') >= 12  # the run was logged

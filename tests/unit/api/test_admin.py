@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
+from pathlib import Path
 
 import httpx
 
@@ -61,16 +64,28 @@ async def test_live_limits_apply_to_a_known_alias(make_client: MakeClient) -> No
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "alias"
 
 
-async def test_live_limits_without_redis_under_workers_are_a_409(
-    make_client: MakeClient,
+async def test_a_live_limit_set_on_one_worker_is_enforced_by_another_within_a_second(
+    make_client: MakeClient, tmp_path: Path
 ) -> None:
-    client = await make_client({"admin_key": ADMIN_KEY, "keys": [ALICE]}, workers=2)
-    r = await client.put("/admin/keys/alice/limits", headers=ADMIN, json={"tokens_per_minute": 10})
-    assert r.status_code == 409
-    assert r.content == (
-        b'{"error":{"message":"with --workers N and no Redis each worker holds its own limits, '
-        b"so a live change would reach one worker only: set TOKENGATE_REDIS_URL, or edit "
-        b'settings.json and send SIGHUP","type":"invalid_request_error","param":null,'
-        b'"code":"not_shared"}}'
-    )
-    assert "x-should-retry" not in r.headers
+    """No Redis, `--workers 2`: both workers read the live limit from the shared database
+    (each enforces its half of it), where it used to reach one worker only."""
+    shared = {"path": str(tmp_path / "shared.sqlite3")}
+    settings = {"admin_key": ADMIN_KEY, "keys": [ALICE], "database": shared}
+    one = await make_client(settings, workers=2)
+    two = await make_client(settings, workers=2)
+    r = await one.put("/admin/keys/alice/limits", headers=ADMIN, json={"requests_per_minute": 70})
+    assert r.status_code == 200 and r.json()["requests_per_minute"] == 70
+
+    async def alice_on_two() -> dict[str, object]:
+        status = (await two.get("/admin/status", headers=ADMIN)).json()
+        (alice,) = [k for k in status["limits"]["keys"] if k["alias"] == "alice"]
+        return dict(alice)
+
+    deadline = time.monotonic() + 5
+    while not (await alice_on_two())["live_override"]:
+        assert time.monotonic() < deadline, "the other worker never read the live limit"
+        await asyncio.sleep(0.1)
+    assert (await alice_on_two())["limits"] == {
+        "requests_per_minute": 35,
+        "tokens_per_minute": 60000,
+    }

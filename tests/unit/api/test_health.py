@@ -15,12 +15,16 @@ async def test_liveness_is_a_fixed_body(client: httpx.AsyncClient) -> None:
 async def test_readiness_lists_each_domain_with_its_breaker(client: httpx.AsyncClient) -> None:
     r = await client.get("/health/ready")
     assert r.status_code == 200
-    assert r.content == (
+    assert r.content.startswith(
         b'{"status":"ready","domains":{"default":{"state":"unknown","breaker":"closed",'
         b'"api_base":"https://taotoken.net/api","models":null,"queue_depth":0,"inflight":0,'
         b'"max_inflight":64,"pace":{"shared":false,"requests_per_sec":null,"learned":false,'
-        b'"cooldown_sec":0.0},"last_probe":null}},"routes":{"unresolved":[],"unverified":[]}}'
+        b'"cooldown_sec":0.0},"last_probe":null}},"routes":{"unresolved":[],"unverified":[]},'
+        b'"database":{"backend":"sqlite","where":"sqlite:/'
     )
+    database = r.json()["database"]
+    assert database["where"].endswith("/tokengate.sqlite3")
+    assert (database["up"], database["error"], database["ledger_backlog_rows"]) == (True, None, 0)
 
 
 async def test_readiness_is_503_once_every_domain_is_unavailable(

@@ -191,3 +191,15 @@ def test_readme_reference_matches_the_schema() -> None:
 
     readme = (ROOT / "README.md").read_text()
     assert splice(readme) == readme, "README's configuration reference drifted: run `make docs`"
+
+
+def test_database_url_shorthand_and_deprecated_paths_still_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKENGATE_DATABASE_URL", "postgresql://tg:pw@db:5432/tokengate")
+    old = {"ledger": {"path": "var/ledger.sqlite3"}, "batch": {"path": "var/batches.sqlite3"}}
+    s = load_settings(files(tmp_path, settings=old))
+    assert s.database.url is not None
+    assert s.database.url.get_secret_value() == "postgresql://tg:pw@db:5432/tokengate"
+    assert (s.ledger.path, s.batch.path) == ("var/ledger.sqlite3", "var/batches.sqlite3")
+    assert "pw" not in repr(s.database)

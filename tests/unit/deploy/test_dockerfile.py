@@ -106,7 +106,7 @@ def test_container_defaults(final: Stage) -> None:
         "TOKENGATE_CONFIG": "/app/config/config.toml",
         "TOKENGATE_SETTINGS": "/app/config/settings.json",
         "TOKENGATE_LOGGING__OUTPUT": "stdout",
-        "TOKENGATE_LEDGER__PATH": "/app/var/ledger.sqlite3",
+        "TOKENGATE_DATABASE__PATH": "/app/var/tokengate.sqlite3",
     }
     assert {k: env.get(k) for k in expected} == expected
     assert [i.args for i in final.all("EXPOSE")] == [env["TOKENGATE_PORT"]]
@@ -123,8 +123,8 @@ def test_seed_config_is_copied_where_the_cli_looks(final: Stage) -> None:
         assert (ROOT / "config" / posixpath.basename(env[var])).is_file()
 
 
-def test_ledger_directory_is_owned_by_the_app_user(final: Stage) -> None:
-    ledger_dir = posixpath.dirname(env_of(final)["TOKENGATE_LEDGER__PATH"])
+def test_database_directory_is_owned_by_the_app_user(final: Stage) -> None:
+    ledger_dir = posixpath.dirname(env_of(final)["TOKENGATE_DATABASE__PATH"])
     uid = final.all("USER")[-1].args.split(":")[0]
     runs = [i.args for i in final.all("RUN")]
     assert any("mkdir -p" in r and ledger_dir in r for r in runs)
@@ -149,7 +149,7 @@ def test_no_secret_is_baked_in() -> None:
         ".venv/bin/python",
         ".env",
         "tests/conftest.py",
-        "var/ledger.sqlite3",
+        "var/tokengate.sqlite3",
         "deploy/compose.yaml",
         "app/__pycache__/cli.cpython-311.pyc",
         "tokengate.egg-info/PKG-INFO",

@@ -30,6 +30,7 @@ NOT_FIELDS = {
     "TOKENGATE_CONFIG",
     "TOKENGATE_SETTINGS",
     "TOKENGATE_REDIS_URL",
+    "TOKENGATE_DATABASE_URL",
 }
 TEST_KEY = "tg-test-deploy-env-key"
 SECRETS = {
@@ -39,6 +40,7 @@ SECRETS = {
     ),
     "TOKENGATE_ADMIN_KEY": "admin-test-0123456789",
     "TOKENGATE_REDIS_URL": "redis://redis.test:6379/0",
+    "TOKENGATE_DATABASE_URL": "postgresql://tokengate:pw@postgres.test:5432/tokengate",
 }
 
 
@@ -121,7 +123,10 @@ def test_the_seed_files_load_with_it(source: str, monkeypatch: pytest.MonkeyPatc
     runtime = _load(monkeypatch, env)
     s = runtime.settings
     assert s.logging.output == "stdout", "containers log to stdout, not the seed's file"
-    assert s.ledger.path == "/app/var/ledger.sqlite3"
+    if source == "dockerfile":
+        assert s.database.path == "/app/var/tokengate.sqlite3" and s.database.url is None
+    else:
+        assert s.database.url is not None, "replicas must share one database (ledger, batches)"
     assert runtime.auth_enabled and len(runtime.keys) == 1
     if "TOKENGATE_SERVER__DRAIN_TIMEOUT_SEC" in env:
         assert s.server.drain_timeout_sec == float(env["TOKENGATE_SERVER__DRAIN_TIMEOUT_SEC"])
@@ -137,4 +142,6 @@ def test_compose_points_the_gateway_at_the_sim(monkeypatch: pytest.MonkeyPatch) 
     assert domain.api_base == "http://sim:9090"
     assert runtime.settings.redis.url is not None
     assert runtime.settings.redis.url.get_secret_value() == "redis://redis:6379/0"
+    assert runtime.settings.database.url is not None
+    assert "@postgres:5432/tokengate" in runtime.settings.database.url.get_secret_value()
     assert [k.alias for k in runtime.keys] == ["demo"]

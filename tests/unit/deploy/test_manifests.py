@@ -38,7 +38,7 @@ LISTED = {
     "pdb.yaml",
     "servicemonitor.yaml",
 }
-NOT_LISTED = {"secret.example.yaml", "hpa-queue-depth.yaml"}
+NOT_LISTED = {"secret.example.yaml", "hpa-queue-depth.yaml", "db-upgrade-job.yaml"}
 DRAIN_TIMEOUT_DEFAULT = ServerConfig.model_fields["drain_timeout_sec"].default
 DRAIN_DELAY_DEFAULT = ServerConfig.model_fields["drain_delay_sec"].default
 
@@ -172,14 +172,28 @@ def test_non_root_with_a_read_only_root_filesystem() -> None:
     assert sc["capabilities"]["drop"] == ["ALL"]
 
 
-def test_writable_paths_are_empty_dirs() -> None:
+def test_no_state_is_kept_in_the_pod() -> None:
+    """The ledger, batches and live limits live in the shared PostgreSQL: a pod keeps
+    nothing that its replacement would need, so /tmp is its only (scratch) emptyDir."""
     volumes = {v["name"]: v for v in _pod()["volumes"]}
     mounts = {m["mountPath"]: m for m in _container()["volumeMounts"]}
-    ledger = _env()["TOKENGATE_LEDGER__PATH"]["value"]
-    for path in (str(Path(ledger).parent), "/tmp"):
-        assert path in mounts, f"{path} must be writable under readOnlyRootFilesystem"
-        assert "emptyDir" in volumes[mounts[path]["name"]]
-    assert _env()["TOKENGATE_LOGGING__OUTPUT"]["value"] in {"stdout", "stderr"}
+    scratch = [path for path, m in mounts.items() if "emptyDir" in volumes[m["name"]]]
+    assert scratch == ["/tmp"], "uvicorn/prometheus_client need /tmp; nothing else"
+    env = _env()
+    assert "TOKENGATE_DATABASE_URL" in env and "TOKENGATE_DATABASE__PATH" not in env
+    assert "TOKENGATE_LEDGER__PATH" not in env and "TOKENGATE_BATCH__PATH" not in env
+    assert env["TOKENGATE_LOGGING__OUTPUT"]["value"] in {"stdout", "stderr"}
+
+
+def test_the_db_upgrade_job_runs_the_deployments_image_on_its_database() -> None:
+    job = k8s_object("db-upgrade-job.yaml", "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["tokengate", "db", "upgrade"]
+    assert container["image"] == _container()["image"]
+    env = {e["name"]: e for e in container["env"]}
+    for name in ("TOKENGATE_DATABASE_URL", "TAOTOKEN_API_KEY"):
+        assert env[name]["valueFrom"] == _env()[name]["valueFrom"], name
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 
 def test_config_comes_from_the_configmap() -> None:
@@ -201,6 +215,7 @@ def test_secrets_come_from_secret_refs_the_example_defines() -> None:
         "TAOTOKEN_API_KEY",
         "TOKENGATE_KEYS",
         "TOKENGATE_REDIS_URL",
+        "TOKENGATE_DATABASE_URL",
         "TOKENGATE_ADMIN_KEY",
     ):
         assert "value" not in env[name], f"{name} must not be a literal in the manifest"
@@ -208,6 +223,7 @@ def test_secrets_come_from_secret_refs_the_example_defines() -> None:
         assert ref["key"] in example[ref["name"]]["stringData"], name
     # More than one replica without Redis would multiply every per-key limit.
     assert not env["TOKENGATE_REDIS_URL"]["valueFrom"]["secretKeyRef"].get("optional", False)
+    assert not env["TOKENGATE_DATABASE_URL"]["valueFrom"]["secretKeyRef"].get("optional", False)
     assert not env["TAOTOKEN_API_KEY"]["valueFrom"]["secretKeyRef"].get("optional", False)
     for secret in example.values():
         for key, value in secret["stringData"].items():
@@ -278,7 +294,19 @@ def _services() -> dict[str, Any]:
 
 
 def test_compose_services() -> None:
-    assert set(_services()) == {*GATEWAYS, "sim", "redis", "prometheus"}
+    assert set(_services()) == {*GATEWAYS, "sim", "redis", "postgres", "prometheus"}
+
+
+def test_compose_keeps_durable_state_on_named_volumes() -> None:
+    """PostgreSQL holds what must not be lost; Redis appends every write to its AOF."""
+    services, volumes = _services(), compose()["volumes"]
+    pg, redis = services["postgres"], services["redis"]
+    pg_volume, pg_path = pg["volumes"][0].split(":")
+    assert pg_volume in volumes and pg_path == "/var/lib/postgresql/data"
+    assert "pg_isready" in pg["healthcheck"]["test"]
+    args = redis["command"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert redis["volumes"][0].split(":")[0] in volumes
 
 
 @pytest.mark.parametrize("name", GATEWAYS)
@@ -293,6 +321,13 @@ def test_compose_gateways_build_the_repo_image(name: str) -> None:
     assert {p.split(":")[-1] for p in svc["ports"]} == {"8080"}
     assert svc["depends_on"]["sim"]["condition"] == "service_healthy"
     assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert svc["depends_on"]["postgres"]["condition"] == "service_healthy"
+    url = env["TOKENGATE_DATABASE_URL"]
+    pg = _services()["postgres"]["environment"]
+    assert url == (
+        f"postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/"
+        f"{pg['POSTGRES_DB']}"
+    )
 
 
 def _seconds(value: str) -> float:

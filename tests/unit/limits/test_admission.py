@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
+from app.config.schema import DatabaseConfig, LedgerConfig
+from app.db.engine import Database
+from app.db.usage import UsageBook
 from app.errors import RateLimited
-from app.limits.admission import Admission, duration
+from app.limits.admission import Admission, KeyUse, duration
+from app.limits.bucket import Limits
 from app.limits.ledger import Ledger, UsageEntry
 from app.limits.store import MemoryStore
 from app.metrics import Metrics, new_registry
@@ -11,10 +18,16 @@ from app.runtime import KeySpec
 from tests.support.clock import FakeClock
 
 
+def unopened_ledger() -> Ledger:
+    # Admission only hands entries to the ledger: it never reaches this (unopened) file.
+    unused = Database(DatabaseConfig(path=str(Path(tempfile.gettempdir()) / "unused.sqlite3")))
+    return Ledger(UsageBook(unused), LedgerConfig())
+
+
 def admission(divisor: int = 1) -> tuple[Admission, FakeClock]:
     clock = FakeClock()
     store = MemoryStore(clock)
-    return Admission(store, Metrics(new_registry()), Ledger(path=None), divisor=divisor), clock
+    return Admission(store, Metrics(new_registry()), unopened_ledger(), divisor=divisor), clock
 
 
 KEY = KeySpec("k", ("d",), tokens_per_minute=1000, requests_per_minute=5)
@@ -86,3 +99,36 @@ async def test_workers_without_shared_store_split_each_limit() -> None:
 
 def _no_spawn(coro: object) -> None:
     raise AssertionError("a memory store settles inline")
+
+
+async def test_use_reads_a_local_store_live_without_touching_it() -> None:
+    adm, clock = admission()
+    fresh = adm.use(KEY)
+    assert (fresh.source, fresh.remaining) == ("live", (5, 1000))  # never seen: all of it
+    await adm.admit(KEY, 400)
+    await adm.admit(KEY, 100)
+    assert adm.use(KEY).remaining == (3, 500)
+    assert adm.use(KEY).remaining == (3, 500)  # reading spends nothing
+    clock.advance(12)  # a fifth of a minute refills a fifth of each limit
+    assert adm.use(KEY).remaining == (4, 700)
+    await adm.admit(KEY, 600)  # and the refill it showed is really there
+    assert adm.use(KEY).remaining == (3, 100)
+
+
+class _SharedStore(MemoryStore):
+    """A store whose buckets this process cannot read (as with Redis)."""
+
+    def peek(self, key: str, limits: Limits) -> None:  # type: ignore[override]
+        return None
+
+
+async def test_use_of_a_shared_store_is_the_last_admission_refilled_since() -> None:
+    clock = FakeClock()
+    adm = Admission(_SharedStore(clock), Metrics(new_registry()), unopened_ledger(), clock=clock)
+    assert adm.use(KEY) == KeyUse(Limits(5, 1000), None, "unknown")
+    await adm.admit(KEY, 700)
+    assert adm.use(KEY) == KeyUse(Limits(5, 1000), (4, 300), "last_request", 0.0)
+    clock.advance(6)
+    assert adm.use(KEY) == KeyUse(Limits(5, 1000), (4, 400), "last_request", 6.0)
+    clock.advance(600)
+    assert adm.use(KEY).remaining == (5, 1000)  # never above the limit

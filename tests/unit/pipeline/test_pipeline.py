@@ -15,7 +15,7 @@ from app.gateway import Gateway
 from app.pipeline.answer import JsonAnswer, StreamAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
-from tests.support.inproc import CHAT_OK, Handler, MakeGateway
+from tests.support.inproc import CHAT_OK, Handler, MakeGateway, ledger_rows
 
 PIPELINE = {
     "model_aliases": {"m": "m-1"},
@@ -100,8 +100,8 @@ async def test_stream_usage_is_requested_read_and_hidden(
     out = b"".join([chunk async for chunk in answer.body()])
     assert b"usage" not in out and out.endswith(b"data: [DONE]\n\n")
     assert bodies[0]["stream_options"] == {"include_usage": True}
-    (row,) = await gw.ledger.rows()
-    assert (row.prompt_tokens, row.completion_tokens) == (3, 1)
+    (row,) = await ledger_rows(gw)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (3, 1)
 
 
 async def test_usage_readers_wait_for_settles_still_in_flight(

@@ -17,7 +17,7 @@ from app.gateway import Gateway
 from app.pipeline.answer import StreamAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
-from tests.support.inproc import MakeGateway
+from tests.support.inproc import MakeGateway, ledger_rows
 from tests.unit.upstream.test_pool import CHUNKED_HEAD, Peer, Upstream, chunked, within
 
 EVENTS = [
@@ -75,8 +75,8 @@ async def test_a_stream_that_arrives_whole_is_answered_in_one_message(
         bodies, gw = await relay(up)
     assert [m["more_body"] for m in bodies] == [False]
     assert relayed(bodies) == EVENTS[0] + EVENTS[1] + EVENTS[3]  # usage chunk hidden
-    (row,) = await gw.ledger.rows()
-    assert (row.prompt_tokens, row.completion_tokens) == (3, 2)
+    (row,) = await ledger_rows(gw)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (3, 2)
 
 
 async def test_events_that_arrive_apart_are_relayed_at_once_and_the_end_follows(

@@ -1,0 +1,136 @@
+"""Every table of the durable store, in one place (the migrations create the same).
+
+    usage_minute   the ledger: one row per (minute, key, model, domain, status), counters
+    usage_hour     the same, rolled up once minutes pass `ledger.minute_retention_days`
+    ledger_writers one row per ledger writer (process): the last flush it committed, so a
+                   flush whose commit acknowledgement was lost is not added twice
+    files          Batch API files (metadata); content in file_chunks, 1 MiB per row
+    batches        one row per batch: its OpenAI body (JSON), status, lease
+    items          one row per input line: pending -> done | failed, with the answer
+    key_overrides  live per-key limits set through the admin API
+
+Times are UTC epoch seconds (`bucket`, `lease_until`, `updated_at`): the same arithmetic in
+both dialects, so a report can bucket by hour or day with `bucket - bucket % 3600`.
+Usage dimensions are a unique index, not the primary key, so a later dimension (a team) or
+counter (a cost) is a plain `add_column` plus, for a dimension, a new unique index.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# BIGINT autoincrement is INTEGER PRIMARY KEY (the rowid) only under that exact name in SQLite.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+# The ledger's shape. The flush, the roll-up and the reports read these tuples, so a new
+# counter needs a migration and one name here.
+DIMENSIONS = ("key", "model", "domain", "status")
+COUNTERS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "failed_prompt_tokens",
+    "failed_completion_tokens",
+)
+
+
+def _usage(name: str) -> Table:
+    return Table(
+        name,
+        metadata,
+        Column("id", Id, primary_key=True, autoincrement=True),
+        Column("bucket", BigInteger, nullable=False),
+        Column("key", String(128), nullable=False),
+        Column("model", String(256), nullable=False),
+        Column("domain", String(128), nullable=False),
+        Column("status", Integer, nullable=False),
+        *(Column(c, BigInteger, nullable=False, server_default="0") for c in COUNTERS),
+        Index(f"uq_{name}_dims", "bucket", *DIMENSIONS, unique=True),
+    )
+
+
+usage_minute = _usage("usage_minute")
+usage_hour = _usage("usage_hour")
+
+ledger_writers = Table(
+    "ledger_writers",
+    metadata,
+    Column("writer", String(64), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("updated_at", Double, nullable=False),
+)
+
+files = Table(
+    "files",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("owner", String(128), nullable=False),
+    Column("purpose", String(32), nullable=False),
+    Column("filename", String(512), nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+file_chunks = Table(
+    "file_chunks",
+    metadata,
+    Column("file_id", String(64), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+)
+
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("owner", String(128), nullable=False),
+    Column("body", Text, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("lease_owner", String(128), nullable=True),
+    Column("lease_until", Double, nullable=False, server_default="0"),
+    Index("ix_batches_owner_created", "owner", "created_at", "id"),
+    Index("ix_batches_status", "status"),
+)
+
+items = Table(
+    "items",
+    metadata,
+    Column("batch_id", String(64), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("custom_id", Text, nullable=False),
+    Column("request", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("result", Text, nullable=True),
+    Index("ix_items_batch_state", "batch_id", "state"),
+)
+
+key_overrides = Table(
+    "key_overrides",
+    metadata,
+    Column("alias", String(128), primary_key=True),
+    Column("requests_per_minute", BigInteger, nullable=False),
+    Column("tokens_per_minute", BigInteger, nullable=False),
+    Column("updated_at", Double, nullable=False),
+)
