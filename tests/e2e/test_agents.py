@@ -161,6 +161,7 @@ def test_prompt_cache_tokens_count_once_in_limits_ledger_and_metrics(gw: Gateway
     rows = httpx.get(f"{gw.url}/admin/usage", headers={"authorization": f"Bearer {ADMIN}"})
     (row,) = rows.json()["data"]
     assert row["prompt_tokens"] == 2 * 1504  # input + cache read + cache creation, once each
+    assert row["cached_tokens"] == 1500  # of which read from the cache
     metrics = gw.metrics()
     assert (
         'tokengate_tokens_total{key="alice",kind="prompt",model="claude-sonnet"} 3008.0' in metrics
