@@ -170,14 +170,18 @@ class Sim:
                 raise asyncio.CancelledError
 
     # -- the endpoint ---------------------------------------------------------------------
-    async def handle(self, request: Request) -> Response:
-        anthropic = request.url.path == MESSAGES
+    async def _received(self, request: Request) -> tuple[Any, dict[str, Any]]:
+        """The request's JSON body (None if it is not JSON) and its record."""
         raw = await request.body()
         try:
             body: Any = orjson.loads(raw)
         except orjson.JSONDecodeError:
             body = None
-        rec = self._record(request, body)
+        return body, self._record(request, body)
+
+    async def handle(self, request: Request) -> Response:
+        anthropic = request.url.path == MESSAGES
+        body, rec = await self._received(request)
         self.inflight += 1
         self.peak_inflight = max(self.peak_inflight, self.inflight)
         handed_off = False
@@ -242,12 +246,7 @@ class Sim:
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's `POST /v1/messages/count_tokens`: free, never against the quota."""
-        raw = await request.body()
-        try:
-            body: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        rec = self._record(request, body)
+        body, rec = await self._received(request)
         try:
             self._auth(request, anthropic=True)
             if not isinstance(body, dict):
