@@ -5,7 +5,7 @@ list, anthropic-beta reaching the upstream, and prompt-cache tokens counted once
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -44,12 +44,16 @@ def gw(sim: Sim, make_gateway: Make) -> Gateway:
     return make_gateway(spec, sim.url)
 
 
-def claude(gw: Gateway) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0)
+@pytest.fixture
+def claude(gw: Gateway) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0) as client:
+        yield client
 
 
-def test_anthropic_tool_use_round_trip_streamed_and_not(gw: Gateway, sim: Sim) -> None:
-    client = claude(gw)
+def test_anthropic_tool_use_round_trip_streamed_and_not(
+    gw: Gateway, sim: Sim, claude: anthropic.Anthropic
+) -> None:
+    client = claude
     ask: list[Any] = [{"role": "user", "content": "Use Read on /tmp/agent/notes.txt"}]
     first = client.messages.create(
         model="claude-sonnet", max_tokens=16_000, tools=[READ], messages=ask
@@ -80,8 +84,14 @@ def test_anthropic_tool_use_round_trip_streamed_and_not(gw: Gateway, sim: Sim) -
     assert sent[2]["body"]["messages"][2]["content"] == [result]
 
 
-def test_openai_tool_calls_round_trip_streamed_and_not(gw: Gateway, sim: Sim) -> None:
-    client = gw.openai()
+@pytest.fixture
+def chatgpt(gw: Gateway) -> Iterator[Any]:
+    with gw.openai() as client:
+        yield client
+
+
+def test_openai_tool_calls_round_trip_streamed_and_not(gw: Gateway, sim: Sim, chatgpt: Any) -> None:
+    client = chatgpt
     ask: list[Any] = [{"role": "user", "content": "call get_weather for Paris"}]
     first = client.chat.completions.create(model="gpt-4o", messages=ask, tools=[WEATHER])
     choice = first.choices[0]
@@ -104,8 +114,10 @@ def test_openai_tool_calls_round_trip_streamed_and_not(gw: Gateway, sim: Sim) ->
     assert sim.records("/v1/chat/completions")[2]["body"]["messages"][2]["tool_call_id"] == call.id
 
 
-def test_count_tokens_and_models_through_the_anthropic_sdk(gw: Gateway, sim: Sim) -> None:
-    client = claude(gw)
+def test_count_tokens_and_models_through_the_anthropic_sdk(
+    gw: Gateway, sim: Sim, claude: anthropic.Anthropic
+) -> None:
+    client = claude
     raw = client.beta.messages.with_raw_response.count_tokens(
         model="claude-sonnet",
         messages=[{"role": "user", "content": "how many tokens is this"}],
@@ -143,7 +155,9 @@ def test_anthropic_beta_and_the_beta_query_reach_the_upstream(gw: Gateway, sim: 
     assert rec["headers"]["anthropic-beta"] == betas
 
 
-def test_prompt_cache_tokens_count_once_in_limits_ledger_and_metrics(gw: Gateway, sim: Sim) -> None:
+def test_prompt_cache_tokens_count_once_in_limits_ledger_and_metrics(
+    gw: Gateway, sim: Sim, claude: anthropic.Anthropic
+) -> None:
     system = [{"type": "text", "text": "rules " * 1500, "cache_control": {"type": "ephemeral"}}]
     body = {
         "model": "claude-sonnet",
@@ -151,7 +165,7 @@ def test_prompt_cache_tokens_count_once_in_limits_ledger_and_metrics(gw: Gateway
         "system": system,
         "messages": [{"role": "user", "content": "hi"}],
     }
-    client = claude(gw)
+    client = claude
     first = client.messages.create(**body)
     second = client.messages.create(**body)
     assert (
