@@ -50,8 +50,9 @@ from app.runtime import DomainSpec, KeySpec, Runtime
 from app.status.board import StatusBoard
 from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
-from app.upstream.client import Timeouts, Transport, UpstreamClient, make_transport
+from app.upstream.client import UpstreamClient, make_transport
 from app.upstream.health import probe
+from app.upstream.transport import Timeouts, Transport
 
 log = logging.getLogger("tokengate.gateway")
 SETTLE_WAIT_SEC = 2.0  # longest /admin/usage waits for settles still running
@@ -72,6 +73,11 @@ class Gateway:
         self.metrics = metrics
         s = runtime.settings
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
+        if transport_factory is None and s.server.upstream_client != "aiohttp":
+            log.warning(
+                "server.upstream_client = %r is deprecated: the upstream client is aiohttp",
+                s.server.upstream_client,
+            )
         self._transport_factory = transport_factory or self._default_transport
         # Names this process on the status page and in the shared store's replica list.
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -105,10 +111,9 @@ class Gateway:
     def _default_transport(self, spec: DomainSpec) -> Transport:
         sched = self.runtime.settings.token_scheduler
         timeouts = Timeouts(connect=sched.connect_timeout_ms / 1000, read=sched.timeout_ms / 1000)
-        kind = self.runtime.settings.server.upstream_client
-        pool = spec.max_inflight + 8
+        pool = spec.max_inflight + 8  # headroom: health probes, answers being released
         # base: the transport logs how it reaches the upstream (direct or which proxy)
-        return make_transport(kind, timeouts, sched.timeout_ms / 1000, pool, base=spec.api_base)
+        return make_transport(timeouts, sched.timeout_ms / 1000, pool, base=spec.api_base)
 
     def _pace_state(self, spec: DomainSpec) -> PaceState:
         rpm, tpm = spec.requests_per_minute, spec.tokens_per_minute

@@ -143,6 +143,13 @@ class Metrics:
             ["domain", "reason"],
             registry=r,
         )
+        self.resends = Counter(
+            "tokengate_upstream_resends",
+            "Requests sent upstream again (a retry, another domain or model, a requeue after "
+            "429), by the domain sent to and the outcome of the attempt before.",
+            ["domain", "reason"],
+            registry=r,
+        )
         self.attempts = Counter(
             "tokengate_upstream_attempts",
             "Upstream attempts, by outcome.",
@@ -294,6 +301,9 @@ class Metrics:
 
     def record_retry(self, domain: str, reason: str) -> None:
         self._child(self.retries, domain, reason).inc()
+
+    def record_resend(self, domain: str, reason: str) -> None:
+        self._child(self.resends, domain, reason).inc()
 
     def record_attempt(self, domain: str, outcome: str) -> None:
         self._child(self.attempts, domain, outcome).inc()

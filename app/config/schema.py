@@ -251,6 +251,13 @@ class RetryPolicyConfig(Section):
         description="`cooperate`: the gateway retries and tells SDKs not to repeat it "
         "(`x-should-retry: false`); `client`: one gateway attempt, retries left to clients.",
     )
+    retry_unanswered: bool = Field(
+        False,
+        description="Also re-send a request the upstream may have acted on (it was written, "
+        "then the connection broke, went silent or answered garbage), here or on a fallback. "
+        "Off: such a request is answered 502/504 with `x-should-retry: false`, because a "
+        "re-send may run, and bill, it twice; on: availability first, it MAY BILL TWICE.",
+    )
 
 
 class HealthCheckConfig(Section):
@@ -371,10 +378,10 @@ class ServerConfig(Section):
         description="On SIGTERM, seconds to keep serving with readiness at 503 before "
         "closing the listener (lets a load balancer stop sending first).",
     )
-    upstream_client: Literal["native", "aiohttp", "httpx"] = Field(
-        "native",
-        description="Upstream HTTP client: `native` (keep-alive pool on asyncio + httptools, "
-        "measured fastest), `aiohttp` or `httpx`.",
+    upstream_client: Literal["aiohttp", "native", "httpx"] = Field(
+        "aiohttp",
+        description="Upstream HTTP client: always aiohttp. `native` and `httpx` (clients of "
+        "earlier versions) still load, as aliases of `aiohttp`, with a warning at start.",
     )
 
 

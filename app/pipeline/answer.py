@@ -27,8 +27,8 @@ from app.metrics import Metrics
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
 from app.upstream.attempt import AttemptFailed
-from app.upstream.client import UpstreamResponse
 from app.upstream.streaming import SseRelay, error_event
+from app.upstream.transport import UpstreamResponse
 from app.upstream.usage import Usage
 
 

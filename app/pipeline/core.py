@@ -58,6 +58,7 @@ from app.upstream.usage import parse_usage
 # Attempt outcomes that feed neither the breaker nor a verdict on the upstream's health.
 _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})
 access_log = logging.getLogger("tokengate.access")
+resend_log = logging.getLogger("tokengate.upstream")
 MAX_DOMAINS_PER_MODEL = 2
 
 
@@ -90,6 +91,7 @@ class Pipeline:
             backoff=policy.backoff_ms / 1000,
             max_backoff=policy.max_backoff_ms / 1000,
             max_retry_after=policy.max_retry_after_ms / 1000,
+            retry_unanswered=policy.retry_unanswered,
         )
         self.aliases = Aliases(runtime.settings.model_aliases)
         self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
@@ -230,7 +232,8 @@ class Pipeline:
                     return reply, domain, model, slot
                 except AttemptFailed as failure:
                     last = failure
-                    if not failure.moves_on:
+                    # Another domain or model is a re-send too: the same rule as a retry.
+                    if not failure.moves_on or not self.retry.may_resend(failure):
                         raise self._final_error(failure, trace) from None
                 except ServiceUnavailable as exc:
                     last = exc
@@ -298,6 +301,8 @@ class Pipeline:
     ) -> Reply:
         if not domain.breaker.allows():
             raise AttemptFailed(Reason.CIRCUIT_OPEN, retryable=False, detail=domain.name)
+        if trace.attempts:
+            self._resending(call, domain, trace)
         t0 = self.clock()
         try:
             reply = await self._send(call, domain, body)
@@ -320,6 +325,20 @@ class Pipeline:
             domain.note_quota(False)
         domain.observe_latency(self.clock() - t0)
         return reply
+
+    def _resending(self, call: ClientRequest, domain: Domain, trace: Trace) -> None:
+        """Every attempt after a request's first (a retry, another domain, a fallback
+        model, a requeue after a 429) is a re-send: counted and logged with its cause."""
+        previous = trace.attempts[-1]
+        self.metrics.record_resend(domain.name, previous.outcome)
+        resend_log.info(
+            "re-sending request %s to %s (attempt %d; the last one on %s: %s)",
+            call.request_id,
+            domain.name,
+            len(trace.attempts) + 1,
+            previous.domain,
+            previous.outcome,
+        )
 
     async def _send(self, call: ClientRequest, domain: Domain, body: bytes) -> Reply:
         resp = await domain.client.send(
@@ -381,7 +400,8 @@ class Pipeline:
         if last is None or isinstance(last, GatewayError):
             return last or ServiceUnavailable("no domain available", code="no_healthy_domain")
         assert isinstance(last, AttemptFailed)
-        return client_error(last, trace, cooperate=self.cooperate)
+        resent = self.retry.may_resend(last)
+        return client_error(last, trace, cooperate=self.cooperate, resent=resent)
 
     # -- answers and accounting -------------------------------------------------------------
     def _json_answer(
@@ -478,7 +498,8 @@ def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> Attemp
 
 async def _first_event(chunks: AsyncIterator[bytes]) -> bytes:
     """Read up to the first complete SSE event inside the attempt: until then nothing has
-    reached the client, so a drop is still an ordinary, retryable attempt failure."""
+    reached the client, so a drop is still an attempt failure (an ambiguous one: the
+    upstream had begun to answer, so it is not re-sent by default)."""
     data = b""
     while b"\n\n" not in data and b"\r\n\r\n" not in data:
         chunk = await anext(chunks, None)

@@ -3,7 +3,10 @@
 One arm per `Reason`, checked exhaustive by mypy (`assert_never`): a new reason without
 an answer here fails the lint, it does not quietly become a 502. In `cooperate` mode
 (`retry_policy.client_retries`) an answer after the gateway's own retries says
-`x-should-retry: false`, so the SDK does not multiply them.
+`x-should-retry: false`, so the SDK does not multiply them. A failure after which the
+upstream may have acted on the request (`AttemptFailed.ambiguous`) and that the gateway
+did not send again says `x-should-retry: false` in either mode, and says why: an SDK's
+retry could bill the request twice just as the gateway's would.
 """
 
 from __future__ import annotations
@@ -24,13 +27,22 @@ from app.pipeline.trace import Trace
 from app.upstream.attempt import AttemptFailed, Reason
 
 log = logging.getLogger("tokengate.pipeline")
+HELD_BACK = (
+    "; the upstream may have received the request, so it was not sent again (a re-send "
+    "could bill it twice)"
+)
 
 
-def client_error(last: AttemptFailed, trace: Trace, *, cooperate: bool) -> GatewayError:
-    """The client's error for the attempt that failed last: one arm per `Reason`, and
-    mypy rejects the match if a reason has none (`assert_never`)."""
-    spent = None if not cooperate else False
+def client_error(
+    last: AttemptFailed, trace: Trace, *, cooperate: bool, resent: bool = True
+) -> GatewayError:
+    """The client's error for the attempt that failed last (`resent`: whether the retry
+    policy let such a failure go out again): one arm per `Reason`, and mypy rejects the
+    match if a reason has none (`assert_never`)."""
+    held = not resent  # ambiguous, and not sent again: an SDK retry could bill twice too
+    spent = False if cooperate or held else None
     tries = len(trace.attempts)
+    why = HELD_BACK if held else ""
     match last.reason:
         case Reason.STATUS_4XX if last.status is not None:
             return UpstreamRejected(last.status, last.body, last.content_type)
@@ -42,7 +54,7 @@ def client_error(last: AttemptFailed, trace: Trace, *, cooperate: bool) -> Gatew
             )
         case Reason.TIMEOUT:
             return UpstreamTimeout(
-                f"upstream did not answer in time ({tries} attempt(s))", should_retry=spent
+                f"upstream did not answer in time ({tries} attempt(s)){why}", should_retry=spent
             )
         case Reason.INSUFFICIENT_QUOTA:
             return UpstreamQuotaExhausted(
@@ -76,7 +88,8 @@ def client_error(last: AttemptFailed, trace: Trace, *, cooperate: bool) -> Gatew
             | Reason.STATUS_4XX  # without a status: nothing to relay
         ):
             return UpstreamFailed(
-                f"upstream failed after {tries} attempt(s): {last.reason}", should_retry=spent
+                f"upstream failed after {tries} attempt(s): {last.reason}{why}",
+                should_retry=spent,
             )
         case _:
             assert_never(last.reason)

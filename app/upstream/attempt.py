@@ -7,6 +7,13 @@ and any `Retry-After` the upstream sent. The reasons are one enum so that every 
 that tells them apart is checked by mypy: a misspelt reason fails loudly instead of
 quietly becoming a 502.
 
+`ambiguous` is the fact the resend rule turns on: the request was written and no answer
+saying it failed came back (the connection broke or went silent after the request went
+out, or the answer was not valid HTTP), so the upstream may have acted on it, and billed
+it. Only a failure before any byte of the request was written (DNS, connect, proxy
+CONNECT, TLS handshake, a pool wait) or a failing status the upstream chose to send is
+unambiguous. `RetrySpec.may_resend` says whether an ambiguous failure may be re-sent.
+
 A 429 is one of two things. `throttled`: flow control (the pipeline requeues the
 request and the domain's pacer cools down; never retried here, never a fault).
 `insufficient_quota`: the account's balance is empty (OpenAI's code): no wait helps,
@@ -27,10 +34,10 @@ class Reason(StrEnum):
     """Why an attempt failed; a `StrEnum`, so metric labels and log lines show the value."""
 
     CONNECT = "connect"  # no connection (refused, DNS, TLS, proxy refusal)
-    TIMEOUT = "timeout"
+    TIMEOUT = "timeout"  # no connection in time, or no answer in time
     RESET = "reset"  # the connection broke off mid-exchange
     BAD_REQUEST = "bad_request"  # a header the transport refused to send
-    BAD_RESPONSE = "bad_response"  # a 200 without a JSON object
+    BAD_RESPONSE = "bad_response"  # not valid HTTP, not an API answer, or a 200 without JSON
     UPSTREAM_AUTH = "upstream_auth"  # 401 / 403: the gateway's upstream key
     MODEL_NOT_FOUND = "model_not_found"  # 404
     CIRCUIT_OPEN = "circuit_open"  # the domain's breaker refused the attempt
@@ -79,10 +86,12 @@ class AttemptFailed(Exception):
         content_type: str = "application/json",
         retry_after: float | None = None,
         detail: str = "",
+        ambiguous: bool = False,
     ) -> None:
         self.reason = Reason(reason)  # a value that is no reason raises here, not later
         super().__init__(f"{self.reason}{': ' + detail if detail else ''}")
         self.retryable = retryable
+        self.ambiguous = ambiguous
         self.status = status
         self.body = body
         self.content_type = content_type

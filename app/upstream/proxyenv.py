@@ -7,11 +7,10 @@ winning. `NO_PROXY` matching is the standard library's (`urllib.request`), so it
 with what Python tools on the same node do.
 
 It is read once, when a transport is built, so the line logged at start stays true for
-the life of the process. Only `http://` proxies are spoken natively (CONNECT for https
-upstreams, absolute-form requests for http ones); for another scheme (an https://
-proxy) `client.make_transport` hands the domain to aiohttp. A proxy's
-credentials live only in `ProxyRoute.authorization` (the Proxy-Authorization value):
-`shown`, the form used in logs and errors, never carries them.
+the life of the process; the transport (`session.py`) takes the route resolved here
+rather than letting aiohttp read the environment itself. A proxy's credentials live
+only in `ProxyRoute.authorization` (the Proxy-Authorization value): `shown`, the form
+used in logs and errors, never carries them.
 """
 
 from __future__ import annotations

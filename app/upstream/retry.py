@@ -1,7 +1,12 @@
 """Retries, in exactly one place (tenacity is banned elsewhere by ruff).
 
 Rule: an attempt is retried only if it failed with a connection error, a timeout, a
-reset, or status 500/502/503/504 (`AttemptFailed.retryable`), while attempts remain
+reset, or status 500/502/503/504 (`AttemptFailed.retryable`), and never, by default,
+when the upstream may have acted on it (`AttemptFailed.ambiguous`: the request was
+written and no answer saying it failed came back; a re-send could bill it twice), unless
+`retry_policy.retry_unanswered` says availability matters more (`RetrySpec.may_resend`,
+which the pipeline also asks before sending the request to another domain or model),
+while attempts remain
 (`Runtime.attempts`) and the domain's retry budget allows (`RetryBudget.try_spend`,
 asked last, so a retry the other rules refuse spends nothing). The wait is exponential
 with full jitter, `uniform(0, min(max_backoff, backoff * 2**(n-1)))` (tenacity's
@@ -96,17 +101,10 @@ class _BudgetSpent(stop_base):
         return not _call(retry_state).budget.try_spend()
 
 
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, AttemptFailed) and exc.retryable
-
-
 def _before_sleep(state: RetryCallState) -> None:
     failure = _failure(state)
     if failure is not None:
         _call(state).on_retry(failure)
-
-
-_RETRY = retry_if_exception(_retryable)
 
 
 @dataclass(frozen=True)
@@ -115,9 +113,19 @@ class RetrySpec:
     backoff: float
     max_backoff: float
     max_retry_after: float
+    retry_unanswered: bool = False  # re-send ambiguous failures too (may bill twice)
     # tenacity's policy for these numbers, built once (the budget is asked last)
     stop: stop_base = field(init=False, repr=False, compare=False)
     wait: wait_base = field(init=False, repr=False, compare=False)
+    retry: retry_if_exception = field(init=False, repr=False, compare=False)
+
+    def may_resend(self, failure: AttemptFailed) -> bool:
+        """May this request go out again, here or elsewhere, after `failure`? Never,
+        by default, when the upstream may have acted on it."""
+        return not failure.ambiguous or self.retry_unanswered
+
+    def _retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, AttemptFailed) and exc.retryable and self.may_resend(exc)
 
     def __post_init__(self) -> None:
         stop = (
@@ -128,6 +136,7 @@ class RetrySpec:
         jitter = wait_random_exponential(multiplier=self.backoff, max=self.max_backoff)
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "wait", _RetryAfterOr(jitter))
+        object.__setattr__(self, "retry", retry_if_exception(self._retryable))
 
 
 async def call_with_retries(
@@ -139,7 +148,7 @@ async def call_with_retries(
     """Run `attempt(n)` (n = 1, 2, ...) until it returns or retrying must stop; the last
     failure is raised as it came (tenacity's `reraise`)."""
     controller = Retrying(
-        stop=spec.stop, wait=spec.wait, retry=_RETRY, before_sleep=_before_sleep, reraise=True
+        stop=spec.stop, wait=spec.wait, retry=spec.retry, before_sleep=_before_sleep, reraise=True
     )
     controller.begin()
     state = RetryCallState(controller, None, (_Call(budget, on_retry),), {})

@@ -1,8 +1,10 @@
 """Token usage reported by the upstream in a non-streaming answer.
 
 Every answer must carry usage (the ledger depends on it). A 200 whose body is not a
-JSON object is not an answer: it fails the attempt (`bad_response`, retryable), since
-each sub-task's output is validated before it is billed (docs/design.md).
+JSON object is not an answer: it fails the attempt (`bad_response`), since each
+sub-task's output is validated before it is billed (docs/design.md). It is ambiguous:
+the upstream said 200, so it may have run (and billed) the request; it is sent again
+only where `retry_policy.retry_unanswered` allows.
 
 Prompt tokens are counted once, whatever the dialect: OpenAI's `prompt_tokens` already
 includes its cached part (`prompt_tokens_details.cached_tokens`), while Anthropic's
@@ -36,11 +38,9 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise AttemptFailed(
-            Reason.BAD_RESPONSE, retryable=True, detail="answer is not JSON"
-        ) from None
+        raise _bad("answer is not JSON") from None
     if not isinstance(obj, dict):
-        raise AttemptFailed(Reason.BAD_RESPONSE, retryable=True, detail="answer is not an object")
+        raise _bad("answer is not an object")
     usage = obj.get("usage")
     model = obj.get("model") if isinstance(obj.get("model"), str) else None
     if not isinstance(usage, dict):
@@ -68,6 +68,10 @@ def anthropic_cache(usage: dict[str, Any]) -> tuple[int, int]:
     return _int(usage.get("cache_read_input_tokens")), _int(
         usage.get("cache_creation_input_tokens")
     )
+
+
+def _bad(detail: str) -> AttemptFailed:
+    return AttemptFailed(Reason.BAD_RESPONSE, retryable=True, ambiguous=True, detail=detail)
 
 
 def _int(value: object) -> int:

@@ -18,8 +18,6 @@ SUBJECT_ORDER = (
     "direct",
     "nginx-proxy",
     "tokengate-1w",
-    "tokengate-1w-aiohttp",
-    "tokengate-1w-httpx",
     "tokengate-1w-info",
     "tokengate-1w-redis",
     "tokengate-2w",

@@ -82,7 +82,6 @@ def tokengate(
     log_level: str = "warning",
     cpus: str | None = None,
     redis_url: str | None = None,
-    upstream_client: str = "native",
     extra_env: dict[str, str] | None = None,
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
@@ -102,7 +101,6 @@ def tokengate(
         TOKENGATE_DATABASE__PATH=str(workdir / "tokengate.sqlite3"),
         TOKENGATE_RATE_LIMIT__REQUESTS_PER_MINUTE=str(HUGE_RPM),
         TOKENGATE_RATE_LIMIT__TOKENS_PER_MINUTE=str(HUGE_TPM),
-        TOKENGATE_SERVER__UPSTREAM_CLIENT=upstream_client,
     )
     if redis_url:
         env["TOKENGATE_REDIS_URL"] = redis_url
@@ -122,8 +120,6 @@ def tokengate(
     notes = [f"{workers} worker(s), log level {log_level}, auth + limits + queue + metrics on"]
     if redis_url:
         notes.append("limits and ledger in Redis")
-    if upstream_client != "native":
-        notes.append(f"upstream client: {upstream_client}")
     return Subject(name, url, bearer(GATEWAY_KEY), proc, notes, workdir / "gateway.log")
 
 

@@ -22,7 +22,6 @@ from tests.bench.subjects import Subject
 INFO_LEVELS = (1, 64)  # the extra info-logging row: enough to see the access-log cost
 LITELLM_LEVELS = (1, 16, 64)  # at 256 its first answers take longer than a cell
 REDIS_LEVELS = (1, 64, 256)  # the shared-limits row: one round trip per admission
-CLIENTS = ("aiohttp", "httpx")  # the selectable upstream clients, measured at INFO_LEVELS
 
 
 @dataclass
@@ -79,14 +78,6 @@ class Phase:
 Starter = Callable[[], Subject]
 
 
-def _client_starter(
-    group: Group, name: str, workdir: Path, upstream: str, cpus: str | None, client: str
-) -> Starter:
-    return lambda: subjects.tokengate(
-        group, name, workdir, upstream, workers=1, cpus=cpus, upstream_client=client
-    )
-
-
 def _starters(
     group: Group, tmp: Path, upstream: str, mode: str, plan: Plan, litellm: bool
 ) -> dict[str, Starter]:
@@ -106,12 +97,6 @@ def _starters(
         ),
     }
     if mode == "json":
-        # The upstream client is chosen by this measurement (README, "Benchmarks"):
-        # the default (native) against the two selectable alternatives.
-        for client in CLIENTS:
-            out[f"tokengate-1w-{client}"] = _client_starter(
-                group, f"tg1{client[0]}-{mode}", work / f"tg1{client[0]}", upstream, cpus, client
-            )
         out["tokengate-1w-info"] = lambda: subjects.tokengate(
             group, f"tg1i-{mode}", work / "tg1i", upstream, workers=1, log_level="info", cpus=cpus
         )
@@ -148,7 +133,7 @@ def _start_all(phase: Phase, starters: dict[str, Starter], stream: bool) -> None
 
 
 def _levels_for(subject: Subject, plan: Plan) -> tuple[int, ...]:
-    if subject.name == "tokengate-1w-info" or subject.name.removeprefix("tokengate-1w-") in CLIENTS:
+    if subject.name == "tokengate-1w-info":
         return tuple(c for c in plan.levels if c in INFO_LEVELS)
     if subject.name == "litellm":
         return tuple(c for c in plan.levels if c in LITELLM_LEVELS)

@@ -157,6 +157,7 @@ def test_live_scrape_passes_promtool_check_metrics(
         'tokengate_requests_total{domain="domain-a",model="claude-sonnet",status="200"}',
         'tokengate_rate_limited_total{key="bob",limit="requests"}',
         'tokengate_upstream_retries_total{domain="domain-a",reason="status_502"}',
+        'tokengate_upstream_resends_total{domain="domain-a",reason="status_502"} 1.0',
         'tokengate_upstream_up{domain="domain-a"} 1.0',
         "tokengate_time_to_first_token_seconds_bucket{",
     ):

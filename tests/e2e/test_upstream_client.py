@@ -1,4 +1,4 @@
-"""The upstream client end to end: `tokengate serve` reaching `tokengate sim` only
+"""The upstream client (aiohttp) end to end: `tokengate serve` reaching `tokengate sim` only
 through an HTTP proxy named by the environment (HTTP_PROXY with credentials), as on a
 node whose only way out is a proxy. The proxy (`tests.support.forward_proxy`) runs on a
 loopback port in a thread of this process, so the test sees every request it carried.
@@ -49,15 +49,28 @@ def test_serve_reaches_the_upstream_through_the_environments_proxy(
     env = {name: "" for var in PROXY_VARS for name in (var, var.upper())}
     env["HTTP_PROXY"] = proxy.url("gw:pr0xy-secret")
     gateway = make_gateway(GatewaySpec(env=env), sim.url)
-    client = gateway.openai()
-    answer = client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=4)
-    assert answer.choices[0].message.content
-    chunks = list(
-        client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=4, stream=True)
-    )
+    with gateway.openai() as client:
+        answer = client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=4)
+        assert answer.choices[0].message.content
+        chunks = list(
+            client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=4, stream=True)
+        )
     assert chunks
     carried = [h.split(b" ")[1] for h in proxy.heads]
     assert f"{sim.url}/v1/chat/completions".encode() in carried
     log = (gateway.workdir / "gateway.log").read_text()
     assert f"via proxy http://127.0.0.1:{proxy.port} (from HTTP_PROXY" in log
     assert "pr0xy-secret" not in log
+
+
+def test_a_config_naming_the_removed_native_client_still_serves_on_aiohttp(
+    make_gateway: Callable[..., Gateway], sim: Sim
+) -> None:
+    gateway = make_gateway(
+        GatewaySpec(env={"TOKENGATE_SERVER__UPSTREAM_CLIENT": "native"}), sim.url
+    )
+    with gateway.openai() as client:
+        answer = client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=4)
+    assert answer.choices[0].message.content
+    log = (gateway.workdir / "gateway.log").read_text()
+    assert log.count("server.upstream_client = 'native' is deprecated") == 1

@@ -43,6 +43,8 @@ class ForwardProxy:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for _ in range(3):  # let the closed transports' callbacks run (and close sockets)
+            await asyncio.sleep(0)
 
     def _track(self) -> None:
         task = asyncio.current_task()

@@ -19,7 +19,8 @@ from app.config.schema import Settings
 from app.db import migrate
 from app.db.usage import UsageQuery
 from app.gateway import Gateway, TransportFactory
-from app.upstream.client import HttpxTransport, Timeouts
+from app.upstream.client import HttpxTransport
+from app.upstream.transport import Timeouts
 
 Handler = Callable[[httpx.Request], httpx.Response]
 MakeGateway = Callable[..., Gateway]  # the `make_local_gateway` fixture (tests/unit/conftest.py)

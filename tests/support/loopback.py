@@ -20,8 +20,7 @@ from typing import Any, TypeVar
 import pytest
 
 from app.upstream.attempt import AttemptFailed
-from app.upstream.connection import Response
-from app.upstream.pool import NativeTransport, Pool
+from app.upstream.transport import Transport, UpstreamResponse
 
 T = TypeVar("T")
 WAIT = 1.0  # the most any condition in these tests may take to come true
@@ -97,7 +96,6 @@ class Upstream:
         self.host = host
         self.tls = tls
         self.peers: list[Peer] = []
-        self.transports: list[NativeTransport] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -108,11 +106,6 @@ class Upstream:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for transport in self.transports:
-            await transport.close()
-            for p in transport._pools.values():
-                for conn in list(p._members):
-                    conn.close()
         assert self._server is not None
         self._server.close()
         for task in self._tasks:
@@ -151,22 +144,6 @@ class Upstream:
         name = host or self.host
         name = f"[{name}]" if ":" in name else name
         return f"{self.scheme}://{name}:{self.port}{path}"
-
-    def client(
-        self,
-        *,
-        read: float = 0.5,
-        total: float = 1.0,
-        pool_size: int = 4,
-        connect: float = 0.5,
-        **options: Any,
-    ) -> NativeTransport:
-        transport = NativeTransport(connect, read, total, pool_size, **options)
-        self.transports.append(transport)
-        return transport
-
-    def pool(self, transport: NativeTransport) -> Pool:
-        return transport._pools[(self.scheme, self.host, self.port)]
 
     @property
     def requests(self) -> list[bytes]:
@@ -221,8 +198,8 @@ async def until(predicate: Callable[[], bool]) -> None:
 
 
 async def post(
-    t: NativeTransport, url: str, body: bytes | None = b"{}", *, stream: bool = False
-) -> Response:
+    t: Transport, url: str, body: bytes | None = b"{}", *, stream: bool = False
+) -> UpstreamResponse:
     return await within(
         t.request("POST", url, {"content-type": "application/json"}, body, stream=stream)
     )
@@ -234,7 +211,7 @@ async def failure(aw: Awaitable[Any]) -> AttemptFailed:
     return err.value
 
 
-async def collect(resp: Response) -> list[bytes]:
+async def collect(resp: UpstreamResponse) -> list[bytes]:
     return [chunk async for chunk in resp.chunks()]
 
 

@@ -1,8 +1,10 @@
-"""A throwaway certificate for loopback TLS servers, made by the `openssl` CLI.
+"""A private certificate authority for loopback TLS servers, made by the `openssl` CLI.
 
-One self-signed certificate for localhost, 127.0.0.1 and ::1 (no test dependency:
-`trustme` is not on this project's package index). The server context presents it;
-the client context trusts only it, so a test also proves the client verifies.
+A CA (its own key, `CA:TRUE`) signs one server certificate for localhost, 127.0.0.1
+and ::1, as an operator's internal PKI would (no test dependency: `trustme` is not on
+this project's package index). The server context presents the leaf; the client trusts
+only the CA (`client()`, or `SSL_CERT_FILE=ca` for a process that reads the system
+store), so a test also proves the client verifies the chain and the name.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Certificate:
-    cert: Path
+    ca: Path  # the CA's certificate: what a client must trust
+    cert: Path  # the server's certificate, signed by the CA
     key: Path
 
     def server(self) -> ssl.SSLContext:
@@ -26,23 +29,36 @@ class Certificate:
         return context
 
     def client(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.cert))
+        return ssl.create_default_context(cafile=str(self.ca))
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
 @cache
 def certificate() -> Certificate:
     """Made once per test process, in a directory that lives as long as it."""
     folder = Path(tempfile.mkdtemp(prefix="tokengate-tls-"))
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "ec",
-            "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-            "-subj", "/CN=localhost",
-            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1",
-            "-keyout", str(key), "-out", str(cert),
-        ],
-        check=True,
-        capture_output=True,
+    ca, ca_key = folder / "ca.pem", folder / "ca-key.pem"
+    cert, key, csr = folder / "cert.pem", folder / "key.pem", folder / "cert.csr"
+    ext = folder / "leaf.ext"
+    ext.write_text(
+        "basicConstraints = critical, CA:FALSE\n"
+        "keyUsage = critical, digitalSignature\n"
+        "extendedKeyUsage = serverAuth\n"
+        "subjectAltName = DNS:localhost, IP:127.0.0.1, IP:::1\n"
+    )
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(
+        "req", "-x509", *ec, "-days", "2", "-subj", "/CN=tokengate test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout", str(ca_key), "-out", str(ca),
     )  # fmt: skip
-    return Certificate(cert, key)
+    _openssl("req", "-new", *ec, "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(csr))
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(cert),
+    )  # fmt: skip
+    return Certificate(ca, cert, key)

@@ -102,3 +102,17 @@ def test_short_limit_and_short_queue_say_retry() -> None:
         RateLimited("x", retry_after=1, should_retry=True).response_headers()["x-should-retry"]
         == "true"
     )
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"), [(Reason.RESET, UpstreamFailed), (Reason.TIMEOUT, UpstreamTimeout)]
+)
+@pytest.mark.parametrize("mode", ["cooperate", "client"])
+def test_an_ambiguous_failure_held_back_says_why_and_no_sdk_should_retry(
+    proxy: Callable[..., Gateway], mode: str, reason: Reason, kind: type
+) -> None:
+    failure = AttemptFailed(reason, retryable=True, ambiguous=True)
+    err = proxy(mode).pipeline._final_error(failure, trace(1))
+    assert isinstance(err, kind)
+    assert err.response_headers()["x-should-retry"] == "false"  # an SDK retry bills twice too
+    assert "not sent again" in err.message

@@ -18,7 +18,7 @@ from app.pipeline.answer import StreamAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
 from tests.support.inproc import MakeGateway, ledger_rows
-from tests.unit.upstream.test_pool import CHUNKED_HEAD, Peer, Upstream, chunked, within
+from tests.support.loopback import CHUNKED_HEAD, Peer, Upstream, chunked, within
 
 EVENTS = [
     b'data: {"model":"m-1","choices":[{"index":0,"delta":{"content":"hel"}}],"usage":null}\n\n',

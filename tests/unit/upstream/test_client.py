@@ -1,11 +1,13 @@
 """The library-backed transports of `client.py` (aiohttp, httpx) on a loopback server:
-what they hand the pipeline must mean what the native client's does."""
+what they hand the pipeline must mean the same."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.upstream.client import AiohttpTransport, HttpxTransport, Timeouts, Transport
+from app.upstream.client import HttpxTransport
+from app.upstream.session import AiohttpTransport
+from app.upstream.transport import Timeouts, Transport
 from tests.support.loopback import Upstream, ok, serve, trickle_body, within
 
 

@@ -2,8 +2,9 @@
 
 `tests.support.forward_proxy.ForwardProxy` runs on a loopback port, with and without
 required credentials; the upstream is a loopback server (TLS for the CONNECT cases, so
-the handshake runs through the tunnel). Both clients that take the resolved route
-(native and aiohttp) run every case; NO_PROXY must send requests around the proxy.
+the handshake runs through the tunnel), reached by the shipped transport (aiohttp) on
+the route `proxyenv` resolved; NO_PROXY must send requests around the proxy. The
+gateway-level cases are in `conformance/test_reach.py`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from app.upstream.client import AiohttpTransport, Timeouts, Transport
-from app.upstream.pool import NativeTransport
 from app.upstream.proxyenv import Proxies
+from app.upstream.session import AiohttpTransport
+from app.upstream.transport import Timeouts, Transport
 from tests.support.forward_proxy import ForwardProxy
 from tests.support.loopback import Upstream, ok, serve, within
 from tests.support.tls import certificate
@@ -23,17 +24,12 @@ from tests.support.tls import certificate
 Make = Callable[..., Transport]
 
 
-def native(up: Upstream, env: dict[str, str]) -> Transport:
-    context = certificate().client() if up.tls else None
-    return NativeTransport(1.0, 1.0, 2.0, 4, ssl_context=context, proxies=Proxies(env))
-
-
 def aio(up: Upstream, env: dict[str, str]) -> Transport:
     context = certificate().client() if up.tls else None
     return AiohttpTransport(Timeouts(1.0, 1.0), 2.0, 4, ssl_context=context, proxies=Proxies(env))
 
 
-CLIENTS = [pytest.param(native, id="native"), pytest.param(aio, id="aiohttp")]
+CLIENTS = [pytest.param(aio, id="aiohttp")]
 AUTH = [pytest.param(None, id="open"), pytest.param(("u s", "p@ss:w"), id="auth")]
 
 
@@ -111,22 +107,22 @@ async def test_no_proxy_sends_around_the_proxy(make: Make, no_proxy: str) -> Non
 async def test_no_proxy_with_a_port_applies_to_that_port_only() -> None:
     async with ForwardProxy() as proxy, Upstream(serve(ok(b"x"))) as up:
         other = {"HTTP_PROXY": proxy.url(), "NO_PROXY": f"127.0.0.1:{up.port + 1}"}
-        assert await exchange(native, up, other, n=1) == [b"x"]
+        assert await exchange(aio, up, other, n=1) == [b"x"]
         assert len(proxy.heads) == 1
         same = {"HTTP_PROXY": proxy.url(), "NO_PROXY": f"127.0.0.1:{up.port}"}
-        assert await exchange(native, up, same, n=1) == [b"x"]
+        assert await exchange(aio, up, same, n=1) == [b"x"]
         assert len(proxy.heads) == 1
 
 
 async def test_unreachable_proxy_is_a_connect_failure_naming_it() -> None:
     async with Upstream(serve(ok())) as up:
         with pytest.raises(Exception) as err:
-            await exchange(native, up, {"HTTP_PROXY": "http://127.0.0.1:1"})
+            await exchange(aio, up, {"HTTP_PROXY": "http://127.0.0.1:1"})
         assert getattr(err.value, "reason", None) == "connect"
         assert "via proxy http://127.0.0.1:1" in str(err.value)
 
 
-def test_make_transport_logs_the_route_and_hands_https_proxies_to_aiohttp(
+def test_make_transport_logs_the_route_without_credentials(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from app.upstream.client import make_transport
@@ -134,14 +130,11 @@ def test_make_transport_logs_the_route_and_hands_https_proxies_to_aiohttp(
     timeouts = Timeouts(1.0, 1.0)
     caplog.set_level("INFO", "tokengate.upstream")
     env: dict[str, Any] = {"HTTPS_PROXY": "http://bob:hunter2@proxy.internal:3128"}
-    t = make_transport("native", timeouts, 2.0, 4, base="https://api.example/v1", env=env)
-    assert isinstance(t, NativeTransport)
+    t = make_transport(timeouts, 2.0, 4, base="https://api.example/v1", env=env)
+    assert isinstance(t, AiohttpTransport)
     assert "via proxy http://proxy.internal:3128 (from HTTPS_PROXY)" in caplog.text
     assert "hunter2" not in caplog.text and "bob" not in caplog.text
-    env = {"HTTPS_PROXY": "https://proxy.internal:3129", "NO_PROXY": "other.example"}
-    t = make_transport("native", timeouts, 2.0, 4, base="https://api.example/v1", env=env)
-    assert isinstance(t, AiohttpTransport)
     caplog.clear()
     env = {"HTTPS_PROXY": "http://proxy.internal:3128", "NO_PROXY": "api.example"}
-    make_transport("native", timeouts, 2.0, 4, base="https://api.example/v1", env=env)
+    make_transport(timeouts, 2.0, 4, base="https://api.example/v1", env=env)
     assert "direct" in caplog.text

@@ -196,3 +196,34 @@ async def test_a_cancelled_attempt_is_not_retried() -> None:
     with pytest.raises(asyncio.CancelledError):
         await call_with_retries(attempt, SPEC, budget(), lambda f: None)
     assert calls == [1]
+
+
+# -- the resend rule: never twice where the upstream may have acted ----------------------------
+
+
+def ambiguous(reason: Reason = Reason.RESET) -> AttemptFailed:
+    return AttemptFailed(reason, retryable=True, ambiguous=True)
+
+
+@pytest.mark.parametrize("reason", [Reason.RESET, Reason.TIMEOUT, Reason.BAD_RESPONSE])
+async def test_an_ambiguous_failure_is_not_retried_by_default(reason: Reason) -> None:
+    result, calls = await run([ambiguous(reason), ambiguous(reason)])
+    assert isinstance(result, AttemptFailed) and result.reason is reason
+    assert calls == [1]
+    assert not SPEC.may_resend(ambiguous(reason))
+
+
+async def test_a_failure_before_anything_was_sent_is_retried() -> None:
+    nothing_sent = AttemptFailed(Reason.CONNECT, retryable=True)
+    assert SPEC.may_resend(nothing_sent)
+    result, calls = await run([nothing_sent, nothing_sent])
+    assert (result, calls) == ("ok", [1, 2, 3])
+
+
+async def test_retry_unanswered_retries_ambiguous_failures_too() -> None:
+    spec = RetrySpec(
+        attempts=3, backoff=0.0001, max_backoff=0.0002, max_retry_after=1.0, retry_unanswered=True
+    )
+    assert spec.may_resend(ambiguous())
+    result, calls = await run([ambiguous(), ambiguous(Reason.TIMEOUT)], spec)
+    assert (result, calls) == ("ok", [1, 2, 3])

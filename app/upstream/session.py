@@ -1,0 +1,244 @@
+"""The upstream HTTP client: aiohttp, wrapped once (the only module that imports it).
+
+One `AiohttpTransport` per domain owns one `ClientSession` and its `TCPConnector`:
+
+- **pool**: `limit` connections (the domain's `max_inflight` plus headroom for probes);
+  idle connections are dropped after `KEEPALIVE_SEC`, below the idle timeouts common
+  upstream servers close at (uvicorn, vLLM and Node.js: 5 s; nginx 75 s), so the gateway
+  drops an idle connection before the upstream does and the race "closed as the request
+  went out" is rare: when it happens the request is not sent again (below);
+- **DNS** answers are cached `DNS_TTL_SEC`; several addresses are dialled with happy
+  eyeballs (RFC 8305: families interleaved, the next address after 250 ms), which
+  aiohttp does with its own sockets, so it works on uvloop too;
+- no cookie jar (an API has none, and the jar costs per request), no redirects followed
+  (a gateway relays a 3xx, it does not turn a POST into a GET), no proxy from the
+  environment by aiohttp itself (`proxyenv` resolves it once: `trust_env` would also read
+  ~/.netrc, whose credentials aiohttp refuses to combine with the upstream key);
+- bodies are decoded when an upstream compresses despite `accept-encoding: identity`,
+  since the relay reads and rewrites them (`transport.refused` turns away what cannot be
+  decoded); heads are bounded by aiohttp's parser: 8190 bytes a line, 128 fields.
+
+The resend rule is the caller's (`retry.RetrySpec.may_resend`); this module states the
+fact it needs. A failure before any byte of the request was written (DNS, connect,
+proxy, TLS, a pool wait: aiohttp's connector errors) is `ambiguous=False`; one after
+(the connection broke, went silent, or answered something that is not HTTP) is
+`ambiguous=True`. aiohttp itself re-sends only idempotent methods (GET, the health
+probe), once, on a kept-alive connection that died: never a POST.
+
+Timeouts: `connect` bounds DNS, TCP, proxy tunnel and TLS (`sock_connect`); the wait
+for a pool slot plus the connect is bounded by `read + connect`; `read` is the longest
+silence while an answer is owed (`sock_read`: a paused read, waiting on a slow client,
+is not silence); `total` bounds a whole non-streamed exchange, body included. A stream
+is read as it arrives: aiohttp stops reading from the socket while about 128 KiB
+(twice `read_bufsize`) wait unread, so a slow client slows its upstream instead of
+growing the gateway's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp.abc import AbstractResolver
+from yarl import URL
+
+from app.upstream.attempt import AttemptFailed, Reason
+from app.upstream.proxyenv import Proxies
+from app.upstream.transport import Timeouts, UpstreamResponse, joined, refused
+
+KEEPALIVE_SEC = 4.0
+DNS_TTL_SEC = 60
+HAPPY_EYEBALLS_DELAY = 0.25  # RFC 8305's connection attempt delay
+READ_BUFSIZE = 64 * 1024
+# Python before 3.12.8 can leak an aborted TLS transport (cpython#118960): aiohttp's
+# cleanup closes them; later versions fixed it and aiohttp warns if asked.
+_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
+
+
+@dataclass(frozen=True)
+class _Route:
+    """One upstream URL, parsed once, and how it is reached."""
+
+    url: URL
+    proxy: str | None = None
+    via: str = ""  # " (via proxy http://host:port (from HTTPS_PROXY))"; never credentials
+    connect_headers: dict[str, str] | None = field(default=None, repr=False)
+    request_headers: dict[str, str] | None = field(default=None, repr=False)
+
+
+class AiohttpTransport:
+    """The production `Transport` (see the module docstring)."""
+
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        total: float,
+        pool_size: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        proxies: Proxies | None = None,
+        resolver: AbstractResolver | None = None,
+    ) -> None:
+        self._pool_size = pool_size
+        # None: aiohttp's default context (the system store as it was at import)
+        self._ssl: ssl.SSLContext | bool = ssl_context or True
+        self._proxies = proxies or Proxies()
+        self._resolver = resolver
+        self._routes: dict[str, _Route] = {}
+        self._session: aiohttp.ClientSession | None = None
+        t = timeouts
+        wait = t.read + t.connect  # a pool slot, then the connect
+        self._timeout = {
+            stream: aiohttp.ClientTimeout(
+                total=None if stream else total,
+                connect=wait,
+                sock_read=t.read,
+                sock_connect=t.connect,
+            )
+            for stream in (False, True)
+        }
+
+    def _route(self, url: str) -> _Route:
+        found = self._routes.get(url)
+        if found is None:
+            found = self._resolve(URL(url))
+            if len(self._routes) < 256:  # a handful of base URLs x paths in practice
+                self._routes[url] = found
+        return found
+
+    def _resolve(self, url: URL) -> _Route:
+        if url.scheme not in ("http", "https") or not url.host or url.port is None:
+            raise AttemptFailed(Reason.BAD_REQUEST, retryable=False, detail="not an http(s) URL")
+        route = self._proxies.route(url.scheme, url.host, url.port)
+        if route is None:
+            return _Route(url)
+        host = f"[{route.host}]" if ":" in route.host else route.host
+        proxy = f"{route.scheme}://{host}:{route.port}"
+        auth = {"Proxy-Authorization": route.authorization} if route.authorization else None
+        via = f" (via proxy {route.shown})"
+        # aiohttp sends `proxy_headers` on a CONNECT only; a plain-http request through
+        # the proxy carries the credential among its own headers.
+        if url.scheme == "https":
+            return _Route(url, proxy, via, connect_headers=auth)
+        return _Route(url, proxy, via, request_headers=auth)
+
+    def _get(self) -> aiohttp.ClientSession:
+        # Created lazily so it binds to the running loop (each worker has its own).
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_size,
+                limit_per_host=0,
+                keepalive_timeout=KEEPALIVE_SEC,
+                ttl_dns_cache=DNS_TTL_SEC,
+                happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
+                interleave=1,
+                enable_cleanup_closed=_CLEANUP_CLOSED,
+                resolver=self._resolver,
+                ssl=self._ssl,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                read_bufsize=READ_BUFSIZE,
+                raise_for_status=False,
+            )
+        return self._session
+
+    async def request(
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None, *, stream: bool
+    ) -> UpstreamResponse:
+        route = self._routes.get(url) or self._route(url)
+        if route.request_headers is not None:
+            headers = {**headers, **route.request_headers}
+        try:
+            resp = await self._get().request(
+                method,
+                route.url,
+                data=body,
+                headers=headers,
+                timeout=self._timeout[stream],
+                proxy=route.proxy,
+                proxy_headers=route.connect_headers,
+                allow_redirects=False,
+            )
+        except BaseException as exc:
+            raise failure_of(exc, route.via) from None
+        answer = _Response(resp)
+        if (bad := refused(answer.status, answer.headers)) is not None:
+            resp.close()  # never back to the pool: its framing is not to be trusted
+            raise bad
+        return answer
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class _Response:
+    __slots__ = ("_resp", "headers", "status")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers = joined(resp.headers.items())
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except BaseException as exc:
+            self._resp.close()
+            raise failure_of(exc) from None
+        finally:
+            self._resp.release()
+
+    @property
+    def complete(self) -> bool:
+        return self._resp.content.at_eof()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._resp.close()
+            raise failure_of(exc) from None
+
+    async def close(self) -> None:
+        # release(): a fully read answer returns its connection to the pool; an unfinished
+        # one (client gone, stream cut) closes it, which is how the upstream learns to
+        # stop generating.
+        self._resp.release()
+
+
+def failure_of(exc: BaseException, via: str = "") -> BaseException:
+    """aiohttp's exception as the pipeline's `AttemptFailed` (cancellation and our own
+    failures pass through). The connector's errors come before any byte of the request
+    was written; everything after is ambiguous."""
+    if isinstance(exc, AttemptFailed | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, aiohttp.ClientHttpProxyError):  # the proxy refused the CONNECT
+        detail = f"proxy answered CONNECT with {exc.status}{via}"
+        return AttemptFailed(Reason.CONNECT, retryable=exc.status != 407, detail=detail)
+    if isinstance(exc, aiohttp.ClientConnectorError):  # DNS, refused, TLS, proxy unreachable
+        return AttemptFailed(Reason.CONNECT, retryable=True, detail=f"{exc}"[:200] + via)
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):  # a pool slot or the connect
+        detail = f"no connection in time{via}"
+        return AttemptFailed(Reason.TIMEOUT, retryable=True, detail=detail)
+    if isinstance(exc, TimeoutError):  # sock_read (ServerTimeoutError) or total
+        return _ambiguous(Reason.TIMEOUT, "no answer in time")
+    if isinstance(exc, aiohttp.ClientResponseError):  # the parser refused the answer's head
+        return _ambiguous(Reason.BAD_RESPONSE, f"not valid HTTP: {exc.message}"[:200])
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return _ambiguous(Reason.RESET, type(exc).__name__)
+    if isinstance(exc, ValueError):  # a header aiohttp refuses to send (a line break, ...)
+        return AttemptFailed(Reason.BAD_REQUEST, retryable=False, detail="a header aiohttp refused")
+    return exc
+
+
+def _ambiguous(reason: Reason, detail: str) -> AttemptFailed:
+    return AttemptFailed(reason, retryable=True, ambiguous=True, detail=detail)
