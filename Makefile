@@ -35,8 +35,8 @@ define apt
 	done
 endef
 
-system-deps: ## install redis-server, promtool, chromium and PostgreSQL (Debian packages) when missing
-	$(call apt,redis-server:redis-server promtool:prometheus chromium:chromium)
+system-deps: ## install redis-server, redis-sentinel, promtool, chromium and PostgreSQL (Debian packages) when missing
+	$(call apt,redis-server:redis-server redis-sentinel:redis-sentinel promtool:prometheus chromium:chromium)
 	$(call apt,pg_ctlcluster:postgresql)
 
 # Claude Code for its end-to-end test (tests/e2e/test_claude_code.py): pinned, because npm on

@@ -42,6 +42,12 @@ def secrets_of(runtime: Runtime) -> list[str]:
         found.append(s.api_key.get_secret_value())
     if s.redis.url is not None and "@" in s.redis.url.get_secret_value():
         found.append(s.redis.url.get_secret_value())
+        target = s.redis.target()
+        if target is not None and target.password:
+            found.append(target.password)  # the password alone, wherever a message puts it
+    for secret in (s.redis.password, s.redis.sentinel_password):
+        if secret is not None:
+            found.append(secret.get_secret_value())
     if s.database.url is not None:
         from app.db.url import url_secrets
 

@@ -149,14 +149,11 @@ class Gateway:
 
     def _build_store(self) -> LimitStore:
         s = self.runtime.settings
-        if s.redis.url is not None:
-            return RedisStore(
-                s.redis.url.get_secret_value(),
-                fail_mode=s.redis.fail_mode,
-                prefix=s.redis.key_prefix,
-                timeout_ms=s.redis.timeout_ms,
-                max_connections=s.redis.max_connections,
-                on_state=self.metrics.set_redis_up,
+        if s.redis.enabled:
+            return RedisStore.from_config(
+                s.redis,
+                spawn=self.spawn,
+                on_state=self.metrics.record_redis_state,
                 replica=self.replica_id,
             )
         return MemoryStore()
@@ -206,7 +203,7 @@ class Gateway:
 
     def _describe_limits(self) -> None:
         if self.store.shared:
-            mode = "shared through Redis by every replica and worker"
+            mode = "shared through Redis by every replica and worker"  # where: logged by it
         elif self.divisor > 1:
             mode = (
                 f"split per worker: each of {self.divisor} workers enforces 1/{self.divisor} "
@@ -384,10 +381,14 @@ class Gateway:
         ticks = 0
         while True:
             await asyncio.sleep(1.0)
-            for domain in self.domains:
-                await domain.dispatcher.pacer.sync()  # what other replicas learned
+            try:
+                # At once, so a shared store sends them all in one round trip: what other
+                # replicas learned of each domain's pace, and the heartbeat.
+                syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
+                await asyncio.gather(syncs, self.store.housekeeping())
+            except Exception as exc:  # one bad second must not end the upkeep for good
+                log.error("housekeeping failed (tried again in a second): %r", exc)
             self._sync_gauges()
-            await self.store.housekeeping()
             await self._load_overrides()
             await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
             ticks += 1

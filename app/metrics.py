@@ -58,6 +58,19 @@ class UsageLike(Protocol):
     def failed_completion_tokens(self) -> int: ...
 
 
+class RedisStateLike(Protocol):
+    """What `record_redis_state` reads (`app.limits.redis_store.RedisState`)."""
+
+    @property
+    def up(self) -> bool: ...
+    @property
+    def degraded(self) -> bool: ...
+    @property
+    def misconfigured(self) -> bool: ...
+    @property
+    def replicas(self) -> int: ...
+
+
 def multiprocess_enabled() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
@@ -210,7 +223,10 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._add_agent_metrics(r)
-        self.redis_up: Gauge | None = None  # created only when Redis is configured
+        self.redis_up: Gauge | None = None  # these four only when Redis is configured
+        self.redis_degraded: Gauge | None = None
+        self.redis_misconfigured: Gauge | None = None
+        self.redis_replicas: Gauge | None = None
         self.route_unresolved = Gauge(
             "tokengate_route_unresolved",
             "1 when a routed or aliased model is listed by no domain's /v1/models.",
@@ -354,15 +370,43 @@ class Metrics:
             float("inf") if requests_per_sec is None else requests_per_sec
         )
 
-    def set_redis_up(self, up: bool) -> None:
+    def record_redis_state(self, state: RedisStateLike) -> None:
+        """The shared-state Redis as this process sees it (the gauges exist only with
+        Redis configured, so a scrape without them means "not configured")."""
         if self.redis_up is None:
+            r = self.registry
             self.redis_up = Gauge(
                 "tokengate_redis_up",
                 "1 when the shared-state Redis answers (absent without Redis).",
-                registry=self.registry,
+                registry=r,
                 multiprocess_mode="livemin",
             )
-        self.redis_up.set(1 if up else 0)
+            self.redis_degraded = Gauge(
+                "tokengate_redis_degraded",
+                "1 while limits and domain quotas are enforced per replica, each its share "
+                "(Redis unreachable or misconfigured, fail open).",
+                registry=r,
+                multiprocess_mode="livemax",
+            )
+            self.redis_misconfigured = Gauge(
+                "tokengate_redis_misconfigured",
+                "1 when Redis answered MOVED/ASK/CROSSSLOT: a Cluster configured as one "
+                "server; fixed only by a restart with the right configuration.",
+                registry=r,
+                multiprocess_mode="livemax",
+            )
+            self.redis_replicas = Gauge(
+                "tokengate_redis_replicas",
+                "Gateway processes seen alive in the last minute (heartbeats in Redis); what "
+                "a limit is divided by while Redis is unreachable.",
+                registry=r,
+                multiprocess_mode="livemax",
+            )
+        assert self.redis_degraded and self.redis_misconfigured and self.redis_replicas
+        self.redis_up.set(1 if state.up else 0)
+        self.redis_degraded.set(1 if state.degraded else 0)
+        self.redis_misconfigured.set(1 if state.misconfigured else 0)
+        self.redis_replicas.set(state.replicas)
 
     def set_route_unresolved(self, model: str, unresolved: bool) -> None:
         self._child(self.route_unresolved, model).set(1 if unresolved else 0)

@@ -103,10 +103,13 @@ def attention(
     """(level, sentence) pairs: `critical` when requests fail now, else `warning`."""
     if gateway.draining:
         yield WARNING, "this replica is draining: readiness answers 503, new work goes elsewhere"
-    if gateway.store.refusing():
+    store = gateway.store.describe()
+    if store.get("state") == "misconfigured":
+        yield CRITICAL, "Redis is misconfigured (a Cluster configured as one server): see the log"
+    elif gateway.store.refusing():
         yield CRITICAL, "Redis is unreachable and fail mode is closed: requests get 503"
-    elif gateway.store.describe().get("up") is False:
-        yield WARNING, "Redis is unreachable: each process enforces limits alone (fail open)"
+    elif store.get("up") is False:
+        yield WARNING, "Redis is unreachable: each replica enforces its share of every limit"
     for domain in gateway.domains:
         yield from _domain(domain, gateway.runtime.settings.token_scheduler.queue_capacity)
     for model in gateway.route_state()["unresolved"]:

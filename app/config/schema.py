@@ -13,9 +13,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.config.redis_target import RedisTarget, TargetError, parse_target
 from app.kinds import ApiStyle, Priority
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -339,23 +340,109 @@ class AffinityConfig(Section):
 class RedisConfig(Section):
     url: SecretStr | None = Field(
         None,
-        description="Redis URL shared by replicas (`TOKENGATE_REDIS_URL`); unset keeps limits "
-        "and ledger in-process.",
+        description="Redis shared by replicas (`TOKENGATE_REDIS_URL`): `redis://host:6379/0`, "
+        "`rediss://` (TLS), `unix:///path/redis.sock`, "
+        "`redis+sentinel://h1:26379,h2:26379/service`, `redis+cluster://h1:6379,h2:6379`; "
+        "unset (and no `sentinels`) keeps limits in-process.",
+    )
+    password: SecretStr | None = Field(
+        None,
+        description="Password of the Redis servers (`TOKENGATE_REDIS__PASSWORD`); wins over one "
+        "in `url`, so the URL can live in a config file and the secret elsewhere.",
+    )
+    sentinels: list[str] = Field(
+        default_factory=list,
+        description="Sentinel addresses (`host:port`, JSON list in the environment) watching "
+        "`sentinel_service`; the gateway follows the master they name, through failovers. "
+        "The alternative to a `redis+sentinel://` URL.",
+    )
+    sentinel_service: str | None = Field(
+        None, description="Name of the master the Sentinels monitor (`sentinel monitor NAME`)."
+    )
+    sentinel_password: SecretStr | None = Field(
+        None,
+        description="Password of the Sentinels themselves (`requirepass` in sentinel.conf), "
+        "when they have one; the master's is `password` or the URL's.",
+    )
+    cluster: bool = Field(
+        False,
+        description="`url` is a seed node of a Redis Cluster (same as `redis+cluster://`). Every "
+        "script's keys share one hash slot, so no call is ever cross-slot.",
+    )
+    tls_ca_file: str | None = Field(
+        None,
+        description="CA bundle (PEM) that signed the Redis server's certificate (`rediss://`); "
+        "unset: the system's CAs.",
+    )
+    tls_cert_file: str | None = Field(
+        None, description="Client certificate (PEM) when Redis asks for one (`tls-auth-clients`)."
+    )
+    tls_key_file: str | None = Field(None, description="Private key (PEM) of `tls_cert_file`.")
+    tls_verify_hostname: bool = Field(
+        True,
+        description="Check that the server certificate names the host connected to. Off only "
+        "for servers reached by an address their certificate does not list.",
     )
     fail_mode: Literal["open", "closed"] = Field(
         "open",
-        description="Redis unreachable: `open` enforces limits per process until it returns, "
-        "`closed` answers 503.",
+        description="Redis unreachable: `open` keeps serving, each replica enforcing every "
+        "limit and domain quota divided by the replicas seen alive in the last minute; "
+        "`closed` answers 503 `redis_unavailable` (and readiness fails).",
     )
-    key_prefix: str = Field("tokengate:", description="Prefix of every Redis key.")
+    assumed_replicas: PositiveInt = Field(
+        1,
+        description="While Redis is unreachable each replica enforces limit / max(replicas seen "
+        "alive in the last minute, this). Set it to the usual replica count so a replica that "
+        "started during an outage (it has seen nobody) does not enforce a whole limit alone.",
+    )
+    key_prefix: str = Field(
+        "tokengate:",
+        pattern=r"^[^{}]*$",
+        description="Prefix of every Redis key (no braces: they would change the hash slot).",
+    )
     timeout_ms: PositiveInt = Field(
+        250,
+        description="Timeout of one Redis round trip. Redis answers in well under 1 ms; the "
+        "rest is this process being late to read under load. Three timeouts in a row (or a "
+        "refused connection) count as Redis being unreachable.",
+    )
+    connect_timeout_ms: PositiveInt = Field(
         1000,
-        description="Timeout of one Redis call; three timeouts in a row (or a refused "
-        "connection) count as Redis being unreachable.",
+        description="Timeout of opening one connection (TCP, TLS handshake, AUTH); apart from "
+        "`timeout_ms` because a TLS handshake under a burst takes longer than a command.",
     )
     max_connections: PositiveInt = Field(
-        64, description="Redis connections per process; a burst waits for a free one."
+        64,
+        description="Redis connections per process (per node with Cluster). Calls are batched, "
+        "so a process rarely holds more than a few.",
     )
+
+    @property
+    def enabled(self) -> bool:
+        return self.url is not None or bool(self.sentinels)
+
+    @model_validator(mode="after")
+    def _target(self) -> RedisConfig:
+        target = self.target()  # a bad URL stops the start, with no secret in the message
+        tls_files = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+        if any(tls_files) and (target is None or not target.tls):
+            raise ValueError("redis.tls_* apply to TLS connections: use a rediss:// URL")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("redis.tls_cert_file and redis.tls_key_file go together")
+        return self
+
+    def target(self) -> RedisTarget | None:
+        """Where Redis is (None: not configured)."""
+        try:
+            return parse_target(
+                None if self.url is None else self.url.get_secret_value(),
+                sentinels=self.sentinels,
+                sentinel_service=self.sentinel_service,
+                cluster=self.cluster,
+                password=None if self.password is None else self.password.get_secret_value(),
+            )
+        except TargetError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class ServerConfig(Section):

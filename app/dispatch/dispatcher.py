@@ -283,14 +283,33 @@ class Dispatcher:
         return self.queue.interactive_waiting() or self.batch_inflight < self.batch_cap
 
     async def _release_group(self) -> int:
+        if self.pacer.bounded():
+            return await self._release_paced()
         released = 0
         while released < self.group_size and self._can_release():
-            paced = self.pacer.bounded()
-            if paced:
-                # Wait for the quota *before* choosing: a request picked first could expire
-                # while it waited, and fair queuing would have charged its key for nothing.
-                await self._pace(1, 0)
-            job = await self._grant_next(paced)
+            job = await self._grant_next(False)
+            if job is None:
+                break
+            released += 1
+        return released
+
+    async def _release_paced(self) -> int:
+        """Book the group's quota slots at once (a shared pacer sends the bookings that
+        meet in one round trip together: one for the whole group), then release a job
+        as each slot comes. The quota is waited for *before* a job is chosen: one picked
+        first could expire while it waited, and fair queuing would have charged its key
+        for nothing. A cool-down that begins meanwhile (a 429) drops the slots left: they
+        are booked again after it, never spent in a burst at its end."""
+        room = min(self.group_size, len(self.queue), self.max_inflight - self.inflight)
+        booked = self.clock()
+        waits = sorted(await asyncio.gather(*(self.pacer.reserve(1, 0) for _ in range(room))))
+        released = 0
+        for wait in waits:
+            if (delay := booked + wait - self.clock()) > 0:
+                await asyncio.sleep(delay)
+            if self.pacer.cooling() > 0 or not self._can_release():
+                break
+            job = await self._grant_next(True)
             if job is None:
                 break
             released += 1

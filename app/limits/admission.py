@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from app.errors import RateLimited
 from app.limits.bucket import Decision, Limits, Remaining
@@ -27,8 +27,6 @@ from app.limits.ledger import Ledger, UsageEntry
 from app.limits.store import LimitStore
 from app.metrics import Metrics
 from app.runtime import KeySpec
-
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 @dataclass(slots=True)
@@ -106,11 +104,11 @@ class Admission:
         )
         return KeyUse(limits, left, "last_request", round(age, 1))
 
-    def settle(self, ticket: Ticket, entry: UsageEntry, spawn: Spawn, *, dispatched: bool) -> None:
+    def settle(self, ticket: Ticket, entry: UsageEntry, *, dispatched: bool) -> None:
         """Correct the reservation; `dispatched=False` refunds the request entirely.
 
-        Never awaited by the caller: it may run while the request is being cancelled,
-        so a store that needs I/O gets the work as a task owned by the gateway.
+        Synchronous, so it completes even while the request is being cancelled: the
+        store records the correction and does any I/O on its own schedule.
         """
         if ticket.settled:
             return
@@ -119,11 +117,7 @@ class Admission:
         used += entry.failed_prompt_tokens + entry.failed_completion_tokens
         token_delta = (used if dispatched else 0) - ticket.reserved
         self.ledger.add(entry)
-        args = (ticket.key, ticket.limits, token_delta, 0 if dispatched else -1)
-        if self.store.synchronous:
-            self.store.settle_sync(*args)
-        else:
-            spawn(self.store.settle(*args))
+        self.store.settle(ticket.key, ticket.limits, token_delta, 0 if dispatched else -1)
 
 
 def _refusal(decision: Decision, limit: str, cost: int, limits: Limits) -> RateLimited:

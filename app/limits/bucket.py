@@ -129,3 +129,14 @@ def decide(requests: Bucket, tokens: Bucket, cost: int, now: float) -> Decision:
         tokens_reset=tokens.until_full(),
         too_large=math.isinf(wait_t),
     )
+
+
+def correct(
+    requests: Bucket, tokens: Bucket, token_delta: float, request_delta: float, now: float
+) -> None:
+    """Settle: move both buckets by what the answer really used beyond (or below) its
+    reservation; -1 request refunds the request itself."""
+    requests.refill(now)
+    tokens.refill(now)
+    tokens.debit(token_delta)
+    requests.debit(request_delta)

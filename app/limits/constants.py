@@ -26,6 +26,9 @@ PACE_TTL_MS = 3_600_000  # a domain's shared pace is forgotten after a quiet hou
 WINDOW_SEC = 60.0  # a bucket holds one minute's allowance
 BUCKET_TTL_MS = 120_000  # after 2 windows idle a bucket is full again: Redis forgets it
 
+# -- the replicas (replicas.lua, redis_store.py) --------------------------------------------
+REPLICA_WINDOW_MS = 60_000  # a process seen within this long counts as alive
+
 PACE_LUA = (
     "HEADROOM",
     "BETA",
@@ -41,3 +44,4 @@ PACE_LUA = (
     "PACE_TTL_MS",
 )
 BUCKET_LUA = ("WINDOW_SEC", "BUCKET_TTL_MS")
+REPLICAS_LUA = ("REPLICA_WINDOW_MS",)

@@ -1,7 +1,7 @@
 """The Lua scripts, with the constants they share with Python written in at load time.
 
 A script says `-- @constants` on a line of its own; that line becomes one `local NAME =
-value` per constant the script uses (`constants.PACE_LUA`, `constants.BUCKET_LUA`), so
+value` per constant the script uses (`constants.PACE_LUA`, `BUCKET_LUA`, `REPLICAS_LUA`), so
 `constants.py` is the one place those numbers are typed.
 """
 
@@ -12,7 +12,11 @@ from importlib import resources
 from app.limits import constants
 
 MARKER = "-- @constants"
-_SHARED = {"pace.lua": constants.PACE_LUA, "token_bucket.lua": constants.BUCKET_LUA}
+_SHARED = {
+    "pace.lua": constants.PACE_LUA,
+    "token_bucket.lua": constants.BUCKET_LUA,
+    "replicas.lua": constants.REPLICAS_LUA,
+}
 
 
 def script(name: str) -> str:

@@ -7,7 +7,8 @@
 -- KEYS = {pace_hash}
 -- ARGV = {op, ceiling_r, ceiling_t, window, now_override, ...}
 --   ceiling_*: units/s after headroom, or -1 (none); now_override: "" in production
---   reserve:   ..., requests, tokens           -> {wait_ms, cool_ms, rate, token_rate, learned}
+--   reserve:   ..., requests_1, tokens_1, ..., requests_n, tokens_n
+--                                -> {"wait_ms_1,...,wait_ms_n", cool_ms, rate, token_rate, learned}
 --   throttled: ..., wait_ms|-1, sent_ago_ms, accepted_rate
 --                                              -> {new_episode, cool_ms, rate, token_rate, learned}
 --   observe:   ..., limit_r|-1, limit_t|-1, exhausted_ms|-1   (limits per minute)
@@ -124,21 +125,26 @@ local function reply(first)
 end
 
 if op == 'reserve' then
-  local requests, tokens = tonumber(ARGV[6]), tonumber(ARGV[7])
+  -- One booking per (requests, tokens) pair, in order: a replica sends the reservations
+  -- of one domain that queued up meanwhile together, one round trip for all of them.
   local start = math.max(now, s.cool_until)
-  local go = start
   local r, t = rate(), token_rate()
-  local at
-  if requests > 0 and r ~= nil then
-    at, s.tat_r = gcra(s.tat_r, start, requests, r)
-    go = math.max(go, at)
-  end
-  if tokens > 0 and t ~= nil then
-    at, s.tat_t = gcra(s.tat_t, start, tokens, t)
-    go = math.max(go, at)
+  local waits = {}
+  for i = 6, #ARGV, 2 do
+    local requests, tokens = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+    local go, at = start, nil
+    if requests > 0 and r ~= nil then
+      at, s.tat_r = gcra(s.tat_r, start, requests, r)
+      go = math.max(go, at)
+    end
+    if tokens > 0 and t ~= nil then
+      at, s.tat_t = gcra(s.tat_t, start, tokens, t)
+      go = math.max(go, at)
+    end
+    waits[#waits + 1] = math.ceil((go - now) * 1000)
   end
   save()
-  return reply(math.ceil((go - now) * 1000))
+  return reply(table.concat(waits, ','))
 elseif op == 'throttled' then
   local wait_ms, sent_ago, accepted = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
   local sent_at = now - sent_ago / 1000

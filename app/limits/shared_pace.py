@@ -1,7 +1,9 @@
 """A domain's pace shared by every replica through Redis (`pace.lua`).
 
-The script runner is the Redis store's (`RedisStore.pace`): this module never touches
-Redis itself, so `redis` stays in app/limits/redis_store.py alone.
+The script runner is the Redis store's (`RedisStore.pace`, which sends the bookings of
+a domain that meet in one round trip as one call): this module never touches Redis
+itself. While Redis is unreachable the replica paces alone at its share of the quota
+(the quota, or the rate learned together, / the replicas seen alive in the last minute).
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from app.limits.pacing import (
 
 
 class PaceScripts(Protocol):
-    up: bool
+    @property
+    def usable(self) -> bool: ...
+
+    @property
+    def divisor(self) -> int: ...
 
     async def pace(self, key: str, args: list[Any]) -> list[Any] | None: ...
 
@@ -30,16 +36,17 @@ class RedisPacer:
     together: one round trip per reservation, and none at all while the shared state
     paces nothing (no quota, nothing learned: polled once a second by `sync`).
 
-    The local `PaceState` mirrors the shared cool-down for the dispatcher's cheap checks
-    and, while Redis is down, paces this replica alone (fail open, like the limits)."""
+    The local `PaceState` mirrors the shared cool-down for the dispatcher's cheap checks.
+    While Redis is unreachable a `LocalPacer` paces this replica alone at its share
+    (`_alone`), started from what was shared: the cool-down, and the rate in force."""
 
     shared = True
 
     def __init__(self, store: PaceScripts, key: str, state: PaceState) -> None:
         self.store, self.key, self.state = store, key, state
         self.now = time.monotonic
-        self._local = LocalPacer(state, self.now)
-        self.accepted = self._local.accepted  # one measure, also for the fallback
+        self.accepted = LocalPacer(state, self.now).accepted  # one measure, also alone
+        self._local: LocalPacer | None = None  # pacing alone (Redis unreachable)
         self._rate: float | None = state.ceiling()
         self._token_rate: float | None = state.ceiling_t
         self._learned = False
@@ -60,9 +67,34 @@ class RedisPacer:
         self._learned = bool(int(learned))
         return float(first)
 
+    def _alone(self) -> LocalPacer | None:
+        """The pacer of this replica alone while Redis is unreachable, else None."""
+        if self.store.usable:
+            self._local = None
+            return None
+        return self._fallback()
+
+    def _fallback(self) -> LocalPacer:
+        if self._local is None:
+            n, s = self.store.divisor, self.state
+            rpm, tpm = s.configured
+            alone = PaceState(
+                None if rpm is None else rpm / n, None if tpm is None else tpm / n, s.window
+            )
+            alone.cool_until = s.cool_until
+            if self._rate is not None and self._learned:
+                alone.learned, alone.learned_at = self._rate / n, self.now()  # grows back
+            elif self._rate is not None:
+                alone.header_r = self._rate / n  # an advertised limit under the quota
+            if self._token_rate is not None:
+                alone.header_t = self._token_rate / n
+            self._local = LocalPacer(alone, self.now)
+            self._local.accepted = self.accepted
+        return self._local
+
     def bounded(self) -> bool:
-        if not self.store.up:
-            return self._local.bounded()
+        if (alone := self._alone()) is not None:
+            return alone.bounded()
         return self._rate is not None or self.cooling() > 0 or self._token_rate is not None
 
     def ready(self, tokens: int) -> bool:
@@ -71,14 +103,18 @@ class RedisPacer:
         return not self.bounded()
 
     def cooling(self) -> float:
-        return max(0.0, self.state.cool_until - self.now())
+        alone = self._alone()
+        until = self.state.cool_until if alone is None else alone.state.cool_until
+        return max(0.0, until - self.now())
 
     async def reserve(self, requests: int, tokens: int) -> float:
-        if not requests and self._token_rate is None and self.store.up:
+        if (alone := self._alone()) is not None:
+            return await alone.reserve(requests, tokens)
+        if not requests and self._token_rate is None:
             return 0.0  # tokens are not paced: nothing to book, no round trip
         raw = await self.store.pace(self.key, self._args("reserve", requests, tokens))
-        if raw is None:
-            return await self._local.reserve(requests, tokens)
+        if raw is None:  # Redis did not answer this one: booked alone
+            return await self._fallback().reserve(requests, tokens)
         return self._apply(raw) / 1000
 
     async def throttled(self, throttle: Throttle) -> float:
@@ -87,9 +123,11 @@ class RedisPacer:
         wait = -1 if throttle.wait is None else round(min(throttle.wait, MAX_COOL_DOWN) * 1000)
         ago = max(0, round((now - throttle.sent_at) * 1000))
         args = self._args("throttled", wait, ago, self.accepted.rate(now, self.state.cool_until))
+        if (alone := self._alone()) is not None:
+            return await alone.throttled(throttle)
         raw = await self.store.pace(self.key, args)
         if raw is None:
-            return await self._local.throttled(throttle)
+            return await self._fallback().throttled(throttle)
         self._apply(raw)
         return max(0.0, self.state.cool_until - before)
 
@@ -103,9 +141,11 @@ class RedisPacer:
             headers.limit_tokens or -1,
             -1 if exhausted is None else round(min(exhausted, self.state.window) * 1000),
         )
+        if (alone := self._alone()) is not None:
+            return await alone.observe(headers)
         raw = await self.store.pace(self.key, args)
         if raw is None:
-            return await self._local.observe(headers)
+            return await self._fallback().observe(headers)
         self._apply(raw)
         return max(0.0, self.state.cool_until - before)
 
@@ -116,15 +156,18 @@ class RedisPacer:
     async def sync(self) -> None:
         """Once a second: read what other replicas learned, and report this one's answers
         (a throttle then aims under what all replicas together got, not one's share)."""
+        if not self.store.usable:
+            return
         raw = await self.store.pace(self.key, self._args("state", self._unreported))
         if raw is not None:
             self._unreported = 0
             self._apply(raw)
 
     def rate(self) -> float | None:
-        return self._rate if self.store.up else self._local.rate()
+        alone = self._alone()
+        return self._rate if alone is None else alone.rate()
 
     def snapshot(self) -> dict[str, object]:
-        if not self.store.up:
-            return self._local.snapshot()  # pacing alone meanwhile: not shared
+        if (alone := self._alone()) is not None:
+            return alone.snapshot()  # pacing alone meanwhile: not shared
         return pace_view(True, self._rate, self._learned, self.cooling())

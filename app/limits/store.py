@@ -1,9 +1,11 @@
 """The limit store interface and its in-process implementation.
 
-A store does two things per request, each in one step (one Redis round trip in
-the shared store): `reserve` admits or refuses 1 request + `cost` tokens for a key,
-and `settle` corrects the token reservation to real usage. Keeping both behind this
-small interface lets admission logic, tests and the Redis store share one contract.
+A store does two things per request: `reserve` admits or refuses 1 request + `cost`
+tokens for a key (awaited: the shared store asks Redis), and `settle` corrects the
+token reservation to real usage (never awaited: it only records the correction, and
+the shared store hands it to Redis with the key's next reservation or within a few
+milliseconds). Keeping both behind this small interface lets admission logic, tests
+and the Redis store share one contract.
 The usage ledger is not a store's business: it is durable in SQL whatever the store
 (`app/limits/ledger.py`, owned by the gateway).
 
@@ -16,34 +18,30 @@ once-a-second `housekeeping`, the store's part of `/health/ready` (`health`,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from app.limits.bucket import Bucket, Decision, Limits, Remaining, decide
+from app.limits.bucket import Bucket, Decision, Limits, Remaining, correct, decide
 from app.limits.concurrency import KeySlots, LocalSlots
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
+# Hands a coroutine to the lifecycle owner, which runs it as a task and awaits it on close.
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 class LimitStore(Protocol):
-    # True when settling needs no I/O: the pipeline then settles inline instead of
-    # handing the work to a background task.
-    synchronous: bool
     # True when every replica and worker sees the same buckets: no per-worker split of
     # the limits, and a live limit change reaches them all.
     shared: bool
 
     async def reserve(self, key: str, limits: Limits, cost: int) -> Decision: ...
 
-    async def settle(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int
-    ) -> None: ...
-
-    def settle_sync(
-        self, key: str, limits: Limits, token_delta: int, request_delta: int
-    ) -> None: ...
+    def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
+        """Correct a reservation: `token_delta` tokens more (or fewer) than reserved,
+        `request_delta` -1 to refund the request itself. Records, never waits."""
+        ...
 
     async def start(self) -> None: ...
 
@@ -94,7 +92,7 @@ class _KeyBuckets:
 
 
 class MemoryBuckets:
-    """Per-key buckets of one process; also the fail-open fallback of the Redis store."""
+    """Per-key buckets of one process."""
 
     def __init__(self, clock: Clock = time.monotonic) -> None:
         self.clock = clock
@@ -129,15 +127,10 @@ class MemoryBuckets:
 
     def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         b = self._get(key, limits)
-        now = self.clock()
-        b.requests.refill(now)
-        b.tokens.refill(now)
-        b.tokens.debit(token_delta)
-        b.requests.debit(request_delta)
+        correct(b.requests, b.tokens, token_delta, request_delta, self.clock())
 
 
 class MemoryStore:
-    synchronous = True
     shared = False
 
     def __init__(self, clock: Clock = time.monotonic) -> None:
@@ -149,10 +142,7 @@ class MemoryStore:
     async def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
         return self.buckets.reserve(key, limits, cost)
 
-    async def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
-        self.settle_sync(key, limits, token_delta, request_delta)
-
-    def settle_sync(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
+    def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         self.buckets.settle(key, limits, token_delta, request_delta)
 
     async def close(self) -> None:

@@ -2,13 +2,15 @@
 -- Same arithmetic as app/limits/bucket.py; Redis' own clock (TIME) is the clock, so
 -- replicas on different hosts never disagree about refill.
 --
--- reserve: KEYS = {requests_bucket, tokens_bucket}
---          ARGV = {"reserve", requests_capacity, tokens_capacity, cost}
---          -> {allowed, limit(0 none|1 requests|2 tokens), retry_after_ms,
---              requests_remaining, requests_reset_ms, tokens_remaining, tokens_reset_ms}
--- settle:  KEYS = {requests_bucket, tokens_bucket}
---          ARGV = {"settle", requests_capacity, tokens_capacity, token_delta, request_delta}
---          -> 1
+-- KEYS = {requests_bucket, tokens_bucket}      (one hash tag: one slot in a Cluster)
+-- ARGV = {requests_capacity, tokens_capacity, token_delta, request_delta, cost_1, ..., cost_n}
+--   First the settle: token_delta / request_delta are usage minus reservations, summed
+--   over the answers this replica settled since its last call for the key (0 0: none;
+--   positive debits, negative refunds). Then one reservation of 1 request + cost_i
+--   tokens per cost, in order, each decided against what the ones before it left.
+--   -> n x {allowed, limit(0 none|1 requests|2 tokens), retry_after_ms,
+--           requests_remaining, requests_reset_ms, tokens_remaining, tokens_reset_ms}
+--      flattened (empty for n = 0, a settle alone)
 -- WINDOW_SEC and BUCKET_TTL_MS come from app/limits/constants.py (via app/limits/lua.py)
 -- @constants
 
@@ -45,21 +47,26 @@ local function until_full(level, capacity)
   return math.max(0, (capacity - level) * WINDOW_SEC / capacity)
 end
 
-local op = ARGV[1]
-
-local rcap, tcap = tonumber(ARGV[2]), tonumber(ARGV[3])
+local rcap, tcap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rlevel, tlevel = load(KEYS[1], rcap), load(KEYS[2], tcap)
 
-if op == 'reserve' then
-  local cost = tonumber(ARGV[4])
+local token_delta, request_delta = tonumber(ARGV[3]), tonumber(ARGV[4])
+local dirty = token_delta ~= 0 or request_delta ~= 0
+if dirty then
+  rlevel = math.max(-rcap, math.min(rcap, rlevel - request_delta))
+  tlevel = math.max(-tcap, math.min(tcap, tlevel - token_delta))
+end
+
+local out = {}
+for i = 5, #ARGV do
+  local cost = tonumber(ARGV[i])
   local wr, wt = wait_for(rlevel, 1, rcap), wait_for(tlevel, cost, tcap)
   local allowed, limit, retry = 0, 0, 0
   if wr == 0 and wt == 0 then
     allowed = 1
     rlevel = math.max(-rcap, rlevel - 1)
     tlevel = math.max(-tcap, tlevel - cost)
-    store(KEYS[1], rlevel, rcap)
-    store(KEYS[2], tlevel, tcap)
+    dirty = true
   elseif wt < 0 then
     limit, retry = 2, -1
   elseif wr >= wt then
@@ -69,13 +76,16 @@ if op == 'reserve' then
   end
   local rms = retry
   if retry > 0 then rms = math.ceil(retry * 1000) end
-  return {allowed, limit, rms, math.max(0, math.floor(rlevel)),
-          math.ceil(until_full(rlevel, rcap) * 1000),
-          math.max(0, math.floor(tlevel)), math.ceil(until_full(tlevel, tcap) * 1000)}
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3] = allowed, limit, rms
+  out[n + 4] = math.max(0, math.floor(rlevel))
+  out[n + 5] = math.ceil(until_full(rlevel, rcap) * 1000)
+  out[n + 6] = math.max(0, math.floor(tlevel))
+  out[n + 7] = math.ceil(until_full(tlevel, tcap) * 1000)
 end
 
--- settle
-local token_delta, request_delta = tonumber(ARGV[4]), tonumber(ARGV[5])
-store(KEYS[1], math.max(-rcap, math.min(rcap, rlevel - request_delta)), rcap)
-store(KEYS[2], math.max(-tcap, math.min(tcap, tlevel - token_delta)), tcap)
-return 1
+if dirty then
+  store(KEYS[1], rlevel, rcap)
+  store(KEYS[2], tlevel, tcap)
+end
+return out

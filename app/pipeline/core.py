@@ -37,10 +37,11 @@ from app.errors import (
     PermissionDenied,
     ServiceUnavailable,
 )
-from app.limits.admission import Admission, Spawn, Ticket
+from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
+from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.aliases import Aliases
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
@@ -455,7 +456,7 @@ class Pipeline:
             cached_tokens=trace.cached_tokens,
             status=status,
         )
-        self.admission.settle(ticket, entry, self.spawn, dispatched=trace.dispatched)
+        self.admission.settle(ticket, entry, dispatched=trace.dispatched)
         self._log(trace, status, exc, entry)
 
     def _log(

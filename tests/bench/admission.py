@@ -6,13 +6,12 @@ add the ledger entry), through `app.limits.Admission` exactly as the pipeline ca
 it. Three stores behind the same `Admission`:
 - `none`: a store that admits without looking (the cost of the machinery alone),
 - `memory`: `MemoryStore`, the default without Redis,
-- `redis`: `RedisStore` on a real `redis-server` on a loopback port (two round
-  trips; `settle` runs as a task, as in the gateway).
+- `redis`: `RedisStore` on a real `redis-server` on a loopback port (a reservation
+  waits for its round trip, shared with whatever else met it; a settle rides along).
 Reported as µs per admission, sequential and 32 / 64 at a time, and as ratios to
 `none` measured in the same run. Best of `repeats`, because a shared machine only
 ever makes a run slower. The Redis store's "unreachable" warnings are counted, not
-printed: past its connection pool (redis-py's default 100) it falls back to local
-buckets, and the count says whether a figure is really Redis.
+printed: the count says whether a figure is really Redis.
 
 Run alone: `.venv/bin/python -m tests.bench.admission`.
 """
@@ -31,6 +30,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from app.config.schema import RedisConfig
 from app.limits.admission import Admission
 from app.limits.bucket import Decision, Limits
 from app.limits.ledger import Ledger, UsageEntry
@@ -52,16 +52,12 @@ WIDTHS = (32, 64)
 class NullStore:
     """Admits everything, records nothing: the no-limit baseline."""
 
-    synchronous = True
     _yes = Decision(True, None, 0.0, 10**10, 10**10, 0.0, 10**12, 10**12, 0.0)
 
     async def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
         return self._yes
 
-    async def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
-        return None
-
-    def settle_sync(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
+    def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
         return None
 
     async def start(self) -> None:
@@ -75,7 +71,8 @@ class NullStore:
 
 
 class _Spawner:
-    """Stands in for the gateway's task owner: settle work runs as background tasks."""
+    """Stands in for the gateway's task owner: the Redis store's round trips run as
+    background tasks."""
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[None]] = set()
@@ -90,26 +87,23 @@ class _Spawner:
             await asyncio.gather(*list(self.tasks))
 
 
-async def _one(admission: Admission, spawn: _Spawner) -> None:
+async def _one(admission: Admission) -> None:
     ticket = await admission.admit(KEY, COST)
-    admission.settle(ticket, ENTRY, spawn, dispatched=True)
+    admission.settle(ticket, ENTRY, dispatched=True)
 
 
-async def _sequential(admission: Admission, n: int) -> float:
-    spawn = _Spawner()
+async def _sequential(admission: Admission, n: int, spawn: _Spawner) -> float:
     start = time.perf_counter()
     for _ in range(n):
-        await _one(admission, spawn)
+        await _one(admission)
     await spawn.drain()
     return (time.perf_counter() - start) * 1e6 / n
 
 
-async def _concurrent(admission: Admission, n: int, width: int) -> float:
-    spawn = _Spawner()
-
+async def _concurrent(admission: Admission, n: int, width: int, spawn: _Spawner) -> float:
     async def lane(count: int) -> None:
         for _ in range(count):
-            await _one(admission, spawn)
+            await _one(admission)
 
     start = time.perf_counter()
     await asyncio.gather(*(lane(n // width) for _ in range(width)))
@@ -144,20 +138,23 @@ def _counting_down_events() -> Iterator[_DownEvents]:
         log.propagate = propagate
 
 
-async def _measure(store: LimitStore, n: int, repeats: int) -> dict[str, object]:
+async def _measure(
+    store: LimitStore, n: int, repeats: int, spawn: _Spawner | None = None
+) -> dict[str, object]:
+    spawn = spawn or _Spawner()
     await store.start()
     row: dict[str, object] = {"n": n}
     try:
         admission = Admission(store, Metrics(CollectorRegistry()), Ledger(path=None))
-        await _sequential(admission, max(100, n // 10))  # warm caches, script load, pool
+        await _sequential(admission, max(100, n // 10), spawn)  # warm caches, scripts, pool
         with _counting_down_events() as down:
             row["sequential_us"] = round(
-                min([await _sequential(admission, n) for _ in range(repeats)]), 2
+                min([await _sequential(admission, n, spawn) for _ in range(repeats)]), 2
             )
         row["sequential_fallbacks"] = down.count
         for width in WIDTHS:
             with _counting_down_events() as down:
-                best = min([await _concurrent(admission, n, width) for _ in range(repeats)])
+                best = min([await _concurrent(admission, n, width, spawn) for _ in range(repeats)])
             row[f"concurrent{width}_us"] = round(best, 2)
             row[f"concurrent{width}_fallbacks"] = down.count
             if down.first:
@@ -173,7 +170,10 @@ async def _all(redis_url: str | None, repeats: int) -> dict[str, dict[str, objec
         "memory": await _measure(MemoryStore(), 20_000, repeats),
     }
     if redis_url:
-        out["redis"] = await _measure(RedisStore(redis_url, prefix="bench:"), 2_000, repeats)
+        spawn = _Spawner()
+        cfg = RedisConfig(url=redis_url, key_prefix="bench:")
+        store = RedisStore.from_config(cfg, spawn=spawn, on_state=None)
+        out["redis"] = await _measure(store, 2_000, repeats, spawn)
     base = out["none"]
     for row in out.values():
         for field in ("sequential", *(f"concurrent{w}" for w in WIDTHS)):

@@ -266,6 +266,29 @@ def _admission(r: Results) -> list[str]:
     return [*out, *_table(header, rows), "", *[f"- {n}" for n in a.get("notes", [])], ""]
 
 
+def _redis(r: Results) -> list[str]:
+    s = r.get("redis")
+    if not s:
+        return []
+    rows = [
+        [
+            name,
+            _num(v["rps"]),
+            _num(v.get("x_inprocess"), 3),
+            _num(v["cpu_us_per_req"]),
+            _num(v.get("redis_calls_per_request"), 3),
+            _num(v.get("redis_commands_per_request"), 3),
+            ", ".join(f"{k} {n:.3f}" for k, n in v.get("per_command", {}).items()),
+            str(v["errors"]),
+        ]
+        for name, v in s["summary"].items()
+    ]
+    header = ["subject", "req/s (median)", "x in-process", "CPU µs/req", "Redis calls/req"]
+    header += ["commands run/req", "per command", "errors"]
+    title = f"## Scenario redis: limits shared through Redis, c={s['c']}, {s['rounds']} rounds"
+    return [title, "", *_table(header, rows), ""]
+
+
 def _throttle(r: Results) -> list[str]:
     t = r.get("throttle")
     if not t:
@@ -327,6 +350,7 @@ def render(results: Results) -> str:
         _quota(results),
         _throttle(results),
         _admission(results),
+        _redis(results),
         _affinity(results),
     ]
     errors = results.get("errors", [])

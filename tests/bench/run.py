@@ -11,7 +11,10 @@ Scenarios, in order (each one's failure is recorded and the next one still runs)
    configured right, absent, 2x too high, on two replicas sharing Redis, and LiteLLM
    on the same burst (`throttle.py`);
 5. admission: cost of one per-key admission, memory vs Redis vs none (`admission.py`);
-6. affinity: 200 agent sessions of 8 turns over three domains with their own prompt
+6. redis: one worker with limits (and a domain's pace) shared through Redis against
+   the same with in-process limits at c=64, with Redis commands per request
+   (`shared.py`);
+7. affinity: 200 agent sessions of 8 turns over three domains with their own prompt
    caches, with and without prompt-cache affinity (`affinity.py`).
 
 Writes tests/bench/results/<timestamp>/results.{json,md} and latest.{json,md}.
@@ -45,6 +48,7 @@ from tests.bench import (
     latency,
     quota,
     report,
+    shared,
     subjects,
     targets,
     throttle,
@@ -55,7 +59,7 @@ from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
 from tests.bench.rss import Sampler
 
 RESULTS = ROOT / "tests" / "bench" / "results"
-SCENARIOS = ("static", "sim", "quota", "throttle", "admission", "affinity")
+SCENARIOS = ("static", "sim", "quota", "throttle", "admission", "redis", "affinity")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -203,6 +207,9 @@ def _measure(
         def admission_() -> None:
             results["admission"] = admission.run(group)
 
+        def redis_() -> None:
+            results["redis"] = shared.run(group, tmp, plan)
+
         def affinity_() -> None:
             results["affinity"] = affinity.run(tmp / "affinity")
 
@@ -212,6 +219,7 @@ def _measure(
             "quota": quota_,
             "throttle": throttle_,
             "admission": admission_,
+            "redis": redis_,
             "affinity": affinity_,
         }
         for name in SCENARIOS:

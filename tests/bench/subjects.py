@@ -86,8 +86,8 @@ def tokengate(
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
 
-    `redis_url` shares limits and ledger through Redis (`TOKENGATE_REDIS_URL`) instead
-    of in-process state.
+    `redis_url` shares limits through Redis (`TOKENGATE_REDIS_URL`) instead of
+    in-process state; `extra_env` sets anything else (a domain's quota, say).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     key: dict[str, object] = {"alias": "bench", "key_sha256": sha256(GATEWAY_KEY)}
@@ -119,7 +119,9 @@ def tokengate(
     wait_http(f"{url}/health/ready", proc, timeout=60, ok=lambda r: r.status_code == 200)
     notes = [f"{workers} worker(s), log level {log_level}, auth + limits + queue + metrics on"]
     if redis_url:
-        notes.append("limits and ledger in Redis")
+        notes.append("limits in Redis")
+    if extra_env:
+        notes.append(" ".join(f"{k}={v}" for k, v in sorted(extra_env.items())))
     return Subject(name, url, bearer(GATEWAY_KEY), proc, notes, workdir / "gateway.log")
 
 
@@ -133,14 +135,14 @@ def nginx_proxy(group: Group, name: str, prefix: Path, upstream: str, cpus: str 
     return Subject("nginx-proxy", url, bearer(UPSTREAM_KEY), server.proc, notes)
 
 
-def redis_server(group: Group) -> str | None:
+def redis_server(group: Group, cpus: str | None = None) -> str | None:
     """A throwaway `redis-server` on a free loopback port (no persistence); its URL."""
     exe = shutil.which("redis-server")
     if exe is None:
         return None
     port = free_port()
     cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    wait_port(port, group.start(f"redis-{port}", cmd))
+    wait_port(port, group.start(f"redis-{port}", pinned(cmd, cpus)))
     return f"redis://127.0.0.1:{port}/0"
 
 

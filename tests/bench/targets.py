@@ -226,6 +226,25 @@ def _throttle(r: Results) -> list[Target]:
     return out
 
 
+def _redis(r: Results) -> list[Target]:
+    """Issue 22: sharing limits through Redis must cost one replica little."""
+    rows = r.get("redis", {}).get("summary", {})
+    shared, alone = rows.get("tokengate-1w-redis", {}), rows.get("tokengate-1w", {})
+    per, run = shared.get("redis_calls_per_request"), shared.get("redis_commands_per_request")
+    return [
+        Target(
+            "redis_vs_inprocess",
+            "1 worker with limits in Redis >= 0.7 x the same in-process, req/s at c=64",
+            ratio(shared.get("rps"), alone.get("rps")),
+            0.7,
+            True,
+            f"Redis {_fmt(shared.get('rps'))} req/s vs in-process {_fmt(alone.get('rps'))} "
+            f"req/s; Redis calls per request {'n/a' if per is None else f'{per:.3f}'} "
+            f"(commands run, scripts' included: {'n/a' if run is None else f'{run:.3f}'})",
+        )
+    ]
+
+
 def _affinity(r: Results) -> list[Target]:
     """Issue 25's targets on the affinity scenario (see affinity.py)."""
     cases = r.get("affinity", {}).get("cases", {})
@@ -265,6 +284,7 @@ CHECKS: tuple[Callable[[Results], list[Target]], ...] = (
     _latency,
     _rss,
     _throttle,
+    _redis,
     _affinity,
 )
 

@@ -183,15 +183,19 @@ async def test_redis_outage_fails_open_visibly_and_recovers(
     responses = await burst(gw, 3)
     assert [r.status_code for r in responses] == [200] * 3  # fail-open: still served
     ready = httpx.get(f"{gw.url}/health/ready").json()
-    assert ready["redis"] == {"up": False, "fail_mode": "open"}
-    assert "tokengate_redis_up 0.0" in gw.metrics()
+    assert ready["redis"] == {
+        "up": False, "fail_mode": "open", "state": "degraded", "replicas": 1, "divisor": 1
+    }  # fmt: skip
+    metrics = gw.metrics()
+    assert "tokengate_redis_up 0.0" in metrics and "tokengate_redis_degraded 1.0" in metrics
     redis.start()
     deadline = time.monotonic() + 30
     while "tokengate_redis_up 1.0" not in gw.metrics():
         assert time.monotonic() < deadline, "no recovery without a restart"
         await asyncio.sleep(0.2)
     assert [r.status_code for r in await burst(gw, 2)] == [200, 200]
-    assert httpx.get(f"{gw.url}/health/ready").json()["redis"]["up"] is True
+    assert httpx.get(f"{gw.url}/health/ready").json()["redis"]["state"] == "shared"
+    assert "tokengate_redis_degraded 0.0" in gw.metrics()
     # the ledger is not in Redis: a Redis restart loses no row
     (row,) = usage(gw)
     assert row["requests"] == 3 + 3 + 2
@@ -210,4 +214,5 @@ async def test_redis_outage_fail_closed_refuses_with_503(
     (r,) = await burst(gw, 1)
     assert r.status_code == 503 and r.json()["error"]["code"] == "redis_unavailable"
     assert "retry-after" in r.headers
-    assert httpx.get(f"{gw.url}/health/ready").status_code == 503
+    ready = httpx.get(f"{gw.url}/health/ready")
+    assert ready.status_code == 503 and ready.json()["redis"]["state"] == "refusing"

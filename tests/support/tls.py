@@ -1,7 +1,8 @@
 """A private certificate authority for loopback TLS servers, made by the `openssl` CLI.
 
-A CA (its own key, `CA:TRUE`) signs one server certificate for localhost, 127.0.0.1
-and ::1, as an operator's internal PKI would (no test dependency: `trustme` is not on
+A CA (its own key, `CA:TRUE`) signs one certificate for localhost, 127.0.0.1 and ::1
+(good for a server and, for mutual TLS such as Redis' `tls-auth-clients`, for a
+client), as an operator's internal PKI would (no test dependency: `trustme` is not on
 this project's package index). The server context presents the leaf; the client trusts
 only the CA (`client()`, or `SSL_CERT_FILE=ca` for a process that reads the system
 store), so a test also proves the client verifies the chain and the name.
@@ -46,7 +47,7 @@ def certificate() -> Certificate:
     ext.write_text(
         "basicConstraints = critical, CA:FALSE\n"
         "keyUsage = critical, digitalSignature\n"
-        "extendedKeyUsage = serverAuth\n"
+        "extendedKeyUsage = serverAuth, clientAuth\n"
         "subjectAltName = DNS:localhost, IP:127.0.0.1, IP:::1\n"
     )
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]

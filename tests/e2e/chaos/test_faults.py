@@ -317,7 +317,7 @@ async def test_redis_killed_and_restarted_keeps_serving_and_loses_no_ledger_row(
     during = await burst(gw, mixed(24), concurrency=12, keep_body=True)
     assert during.statuses == {200: 24}, during.statuses  # fail-open: served
     ready = httpx.get(f"{gw.url}/health/ready").json()
-    assert ready["redis"] == {"up": False, "fail_mode": "open"}
+    assert ready["redis"]["up"] is False and ready["redis"]["state"] == "degraded"
 
     redis.start()
     wait_until(lambda: "tokengate_redis_up 1.0" in gw.metrics(), 15, "Redis to be seen again")

@@ -40,6 +40,8 @@ SECRETS = {
     ),
     "TOKENGATE_ADMIN_KEY": "admin-test-0123456789",
     "TOKENGATE_REDIS_URL": "redis://redis.test:6379/0",
+    "TOKENGATE_REDIS__PASSWORD": "redis-test-password",
+    "TOKENGATE_REDIS__SENTINEL_PASSWORD": "sentinel-test-password",
     "TOKENGATE_DATABASE_URL": "postgresql://tokengate:pw@postgres.test:5432/tokengate",
 }
 
@@ -132,6 +134,8 @@ def test_the_seed_files_load_with_it(source: str, monkeypatch: pytest.MonkeyPatc
         assert s.server.drain_timeout_sec == float(env["TOKENGATE_SERVER__DRAIN_TIMEOUT_SEC"])
     if source != "dockerfile":
         assert s.redis.url is not None, "replicas must share limits through Redis"
+    if source == "k8s":
+        assert s.redis.password is not None and s.redis.assumed_replicas == 2
     (domain,) = runtime.domains
     assert domain.api_key.get_secret_value() == env["TAOTOKEN_API_KEY"]
 

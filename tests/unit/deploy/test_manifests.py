@@ -217,6 +217,8 @@ def test_secrets_come_from_secret_refs_the_example_defines() -> None:
         "TOKENGATE_REDIS_URL",
         "TOKENGATE_DATABASE_URL",
         "TOKENGATE_ADMIN_KEY",
+        "TOKENGATE_REDIS__PASSWORD",
+        "TOKENGATE_REDIS__SENTINEL_PASSWORD",
     ):
         assert "value" not in env[name], f"{name} must not be a literal in the manifest"
         ref = env[name]["valueFrom"]["secretKeyRef"]
@@ -224,6 +226,9 @@ def test_secrets_come_from_secret_refs_the_example_defines() -> None:
     # More than one replica without Redis would multiply every per-key limit.
     assert not env["TOKENGATE_REDIS_URL"]["valueFrom"]["secretKeyRef"].get("optional", False)
     assert not env["TOKENGATE_DATABASE_URL"]["valueFrom"]["secretKeyRef"].get("optional", False)
+    # While Redis is away each pod takes its share: assume at least the HPA's floor.
+    hpa = k8s_object("hpa.yaml", "HorizontalPodAutoscaler")
+    assert int(env["TOKENGATE_REDIS__ASSUMED_REPLICAS"]["value"]) == hpa["spec"]["minReplicas"]
     assert not env["TAOTOKEN_API_KEY"]["valueFrom"]["secretKeyRef"].get("optional", False)
     for secret in example.values():
         for key, value in secret["stringData"].items():

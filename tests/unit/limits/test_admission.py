@@ -78,7 +78,6 @@ async def test_settle_moves_the_reservation_to_real_usage() -> None:
     adm.settle(
         ticket,
         UsageEntry("k", "m", prompt_tokens=40, completion_tokens=10),
-        _no_spawn,
         dispatched=True,
     )
     await adm.admit(KEY, 900)  # 50 used: room again
@@ -87,7 +86,7 @@ async def test_settle_moves_the_reservation_to_real_usage() -> None:
 async def test_undispatched_request_is_refunded_entirely() -> None:
     adm, _ = admission()
     tickets = [await adm.admit(KEY, 1) for _ in range(5)]
-    adm.settle(tickets[0], UsageEntry("k", "m", error=True), _no_spawn, dispatched=False)
+    adm.settle(tickets[0], UsageEntry("k", "m", error=True), dispatched=False)
     await adm.admit(KEY, 1)  # the refunded request slot is usable again
 
 
@@ -95,10 +94,6 @@ async def test_workers_without_shared_store_split_each_limit() -> None:
     adm, _ = admission(divisor=2)
     assert adm.limits_for(KEY).requests_per_minute == 2
     assert adm.limits_for(KEY).tokens_per_minute == 500
-
-
-def _no_spawn(coro: object) -> None:
-    raise AssertionError("a memory store settles inline")
 
 
 async def test_use_reads_a_local_store_live_without_touching_it() -> None:

@@ -161,16 +161,11 @@ class LuaSide:
         self.started = time.monotonic()
 
     def reserve(self, limits: Limits, cost: int) -> Decision:
-        raw = self.script(keys=self.keys, args=["reserve", *limits, cost])
+        raw = self.script(keys=self.keys, args=[*limits, 0, 0, cost])
         return _decision(raw, limits)  # the Redis store's own reading of the script's answer
 
     def settle(self, limits: Limits, tokens: int, requests: int) -> None:
-        ledger = [f"{self.keys[0]}:ledger", f"{self.keys[0]}:ledger-index"]
-        counters = [0] * 6  # the ledger's part of settling is not a bucket case
-        self.script(
-            keys=[*self.keys, *ledger],
-            args=["settle", *limits, tokens, requests, "k\tm", *counters],
-        )
+        assert self.script(keys=self.keys, args=[*limits, tokens, requests]) == []
 
     def levels(self) -> tuple[float, float]:
         found = [self.client.hget(k, "level") for k in self.keys]
@@ -219,3 +214,21 @@ def test_the_python_buckets(case: Case) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_the_lua_script(case: Case, client: redis.Redis) -> None:
     run(case, LuaSide(client, f"parity:{case.name}"))
+
+
+def test_one_call_decides_its_reservations_in_order_after_its_settle(client: redis.Redis) -> None:
+    """What the store batches into one call (the settled usage of a key, then every
+    reservation that met in one round trip) decides exactly as the same steps one by one."""
+    limits, costs = Limits(5, 1000), [300, 300, 500, 100, 100, 100]
+    one_by_one, batched = LuaSide(client, "order:single"), LuaSide(client, "order:batched")
+    one_by_one.reserve(limits, 200)
+    batched.reserve(limits, 200)
+    one_by_one.settle(limits, -150, 0)  # the first answer used 150 fewer tokens
+    expected = [one_by_one.reserve(limits, c) for c in costs]
+    raw = batched.script(keys=batched.keys, args=[*limits, -150, 0, *costs])
+    got = [_decision(raw[7 * i : 7 * i + 7], limits) for i in range(len(costs))]
+    summary = [(d.allowed, d.limit, d.requests_remaining, d.tokens_remaining) for d in got]
+    assert summary == [
+        (d.allowed, d.limit, d.requests_remaining, d.tokens_remaining) for d in expected
+    ]
+    assert [d.allowed for d in got] == [True, True, False, True, True, False]

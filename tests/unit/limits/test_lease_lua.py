@@ -5,25 +5,40 @@ back), live caps reach every replica, and with Redis gone each counts its own.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import pytest
 
+from app.config.schema import RedisConfig
 from app.limits.concurrency import SharedSlots
 from app.limits.redis_store import RedisStore
 from tests.support.procs import Redis, redis_server
+
+tasks: set[asyncio.Task[None]] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 @pytest.fixture
 async def pair() -> AsyncIterator[tuple[RedisStore, RedisStore, Redis]]:
     with redis_server() as server:
-        stores = (RedisStore(server.url), RedisStore(server.url))
+        cfg = RedisConfig(url=server.url)
+        stores = tuple(
+            RedisStore.from_config(cfg, spawn=spawn, on_state=None, replica=f"r{i}")
+            for i in range(2)
+        )
         for store in stores:
             await store.start()
         yield stores[0], stores[1], server
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         for store in stores:
             await store.close()
-            await store._client.connection_pool.disconnect()  # close() leaves the pool open
 
 
 async def test_the_cap_holds_across_replicas_and_a_release_frees_a_slot(

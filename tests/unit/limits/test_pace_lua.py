@@ -97,3 +97,15 @@ def test_reports_older_than_a_second_are_not_counted(_redis_client: Any) -> None
     pace._call("state", 1000.2, 50)
     assert pace.throttled(1005.0, 0.2, 1004.9, accepted=5.0)
     assert pace.rate(1005.2) == pytest.approx(0.9 * 5.0, rel=1e-3)
+
+
+def test_bookings_sent_together_wait_as_if_sent_one_by_one(_redis_client: Any) -> None:
+    """The store sends a domain's bookings that meet in one round trip as one call: each
+    gets the wait it would have got alone, in order."""
+    now = 1000.0
+    one_by_one = LuaPace(_redis_client, 600, 60000, 1.0)
+    waits = [one_by_one.reserve(now, 1, t) for t in (100, 0, 2000, 1)]
+    together = LuaPace(_redis_client, 600, 60000, 1.0)
+    raw = together._call("reserve", now, 1, 100, 1, 0, 1, 2000, 1, 1)
+    assert [int(w) / 1000 for w in str(raw[0]).split(",")] == waits
+    assert waits[0] == 0 and waits[-1] > 0  # the case paces something

@@ -14,9 +14,10 @@ from app.limits.shared_pace import RedisPacer
 class Scripts:
     """A stand-in for `RedisStore.pace`: canned replies, or None (Redis down)."""
 
-    def __init__(self, reply: list[Any] | None) -> None:
+    def __init__(self, reply: list[Any] | None, replicas: int = 1) -> None:
         self.reply = reply
-        self.up = reply is not None
+        self.usable = reply is not None
+        self.divisor = replicas
         self.calls: list[list[Any]] = []
 
     async def pace(self, key: str, args: list[Any]) -> list[Any] | None:
@@ -48,3 +49,19 @@ async def test_with_redis_down_it_paces_alone_from_the_configured_quota() -> Non
     added = await pacer.throttled(Throttle(0.5, pacer.now() - 0.1))
     assert added == pytest.approx(0.5, abs=0.01) and pacer.cooling() > 0
     assert pacer.snapshot()["shared"] is False
+
+
+async def test_alone_it_paces_at_its_share_of_the_quota_and_of_what_was_learned() -> None:
+    """Four replicas alive when Redis went away: each paces at a quarter, starting from
+    the rate they had learned together, not from the configured quota."""
+    alone = RedisPacer(Scripts(None, replicas=4), "tg:pace:{d}", PaceState(600, 60000, 1.0))
+    assert alone.rate() == pytest.approx(600 / 60 * 0.98 / 4)
+    assert alone.snapshot()["requests_per_sec"] == pytest.approx(2.45)
+    scripts = Scripts([0, 0, "4.0", "-1", 1], replicas=4)
+    pacer = RedisPacer(scripts, "tg:pace:{d}", PaceState(600, None, 1.0))
+    await pacer.reserve(1, 0)  # the shared state answered: 4 requests/s, learned
+    scripts.usable = False
+    assert pacer.rate() == pytest.approx(1.0, abs=0.01)
+    assert pacer.snapshot()["learned"] is True and pacer.snapshot()["shared"] is False
+    scripts.usable = True
+    assert pacer.rate() == pytest.approx(4.0)  # shared again, nothing carried over

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+from app.config.schema import RedisConfig
 from app.limits.bucket import Limits
+from app.limits.redis_conn import connect
 from app.limits.redis_store import RedisStore
 from app.limits.store import MemoryStore
 from tests.support.procs import redis_server
@@ -15,7 +18,7 @@ async def test_a_memory_store_is_local_and_always_admits() -> None:
     await store.start()
     try:
         assert not store.shared and store.health() == {} and not store.refusing()
-        store.settle_sync("k", Limits(10, 100), 5, 0)
+        store.settle("k", Limits(10, 100), 5, 0)
         await store.save_override("k", Limits(1, 1))  # nothing to share
         assert await store.housekeeping() == {}
     finally:
@@ -24,11 +27,20 @@ async def test_a_memory_store_is_local_and_always_admits() -> None:
 
 def test_a_redis_store_is_shared_and_refuses_only_when_down_in_closed_mode() -> None:
     for mode, down_refuses in (("open", False), ("closed", True)):
-        store = RedisStore("redis://127.0.0.1:1/0", fail_mode=mode)  # never connected here
-        assert store.shared and store.health() == {"redis": {"up": True, "fail_mode": mode}}
-        assert not store.refusing()
+        link = connect(RedisConfig(url="redis://127.0.0.1:1/0"))  # never connected here
+        store = RedisStore(link, spawn=lambda coro: coro.close(), fail_mode=mode)
+        assert store.shared and not store.refusing()
+        assert store.health()["redis"] == {
+            "up": True,
+            "fail_mode": mode,
+            "state": "shared",
+            "replicas": 0,
+            "divisor": 1,
+        }
         store.up = False
-        assert store.health() == {"redis": {"up": False, "fail_mode": mode}}
+        health = store.health()["redis"]
+        assert isinstance(health, dict)
+        assert health["state"] == ("refusing" if down_refuses else "degraded")
         assert store.refusing() is down_refuses
 
 
@@ -41,15 +53,18 @@ async def test_a_memory_store_knows_no_other_replica_and_reads_its_buckets() -> 
 
 
 async def test_redis_replicas_announce_themselves_and_leave_on_close() -> None:
+    tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(coro: object) -> None:
+        tasks.add(asyncio.ensure_future(coro))  # type: ignore[arg-type]
+
     with redis_server() as server:
-        a = RedisStore(server.url, replica="host-a:1")
-        b = RedisStore(server.url, replica="host-b:2")
-        await a.start()
+        cfg = RedisConfig(url=server.url)
+        a = RedisStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-a:1")
+        b = RedisStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-b:2")
+        await a.start()  # the first heartbeat is part of starting
         await b.start()
         try:
-            assert await a.replicas() == {}  # nobody said anything yet
-            await a.housekeeping()
-            await b.housekeeping()
             seen = await a.replicas()
             assert set(seen) == {"host-a:1", "host-b:2"}
             assert all(abs(at - time.time()) < 30 for at in seen.values())
@@ -58,6 +73,9 @@ async def test_redis_replicas_announce_themselves_and_leave_on_close() -> None:
         finally:
             await b.close()
         assert set(await a.replicas()) == {"host-a:1"}  # a clean stop leaves at once
-        a.up = False  # fail open: its own buckets decide now, so it can show them
-        assert a.peek("k", Limits(10, 100)) == (10, 100)
+        a.up = False  # fail open: its own share of the buckets decides now, shown as such
+        assert a.peek("k", Limits(10, 100)) is None  # not used since
+        await a.reserve("k", Limits(10, 100), 30)
+        assert a.peek("k", Limits(10, 100)) == (9, 70)
+        await asyncio.gather(*tasks)
         await a.close()

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from app.config.schema import Settings
+from app.limits.redis_store import RedisState
 from app.metrics import Metrics, new_registry
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -46,7 +47,8 @@ def exposed_names() -> dict[str, str]:
     """Every series name `app/metrics.py` can expose -> the family it belongs to."""
     names: dict[str, str] = {}
     metrics = Metrics(new_registry())
-    metrics.set_redis_up(True)  # exists only with Redis configured; make sure it is listed
+    # the Redis gauges exist only with Redis configured; make sure they are listed
+    metrics.record_redis_state(RedisState(up=True, degraded=False, misconfigured=False, replicas=1))
     for family in metrics.registry.collect():
         base = family.name
         if family.type == "counter":

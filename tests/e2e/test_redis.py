@@ -1,0 +1,133 @@
+"""Shared limits over real sockets, through what an operator's Redis really does: four
+`tokengate serve` replicas across a Redis restart, a three-master Redis Cluster, and a
+Sentinel failover. Every Redis is a real server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.procs import Gateway, GatewaySpec, Sim
+from tests.support.redis_shapes import cli, cluster, sentinel_setup, server, wait_for
+
+Make = Callable[..., Gateway]
+ADMIN = "admin-test-key-0123456789"
+LIMIT = 30  # requests per minute for the key
+CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 4}
+
+
+def replicas(make: Make, sim: Sim, url: str, n: int, rpm: int = LIMIT) -> list[Gateway]:
+    spec = GatewaySpec(
+        keys={"k": {"requests_per_minute": rpm, "tokens_per_minute": 10_000_000}},
+        settings={"admin_key": ADMIN, "health_check": {"enabled": False}},
+        env={"TOKENGATE_REDIS_URL": url},
+    )
+    first = make(spec, sim.url)
+    spec.secrets = first.keys  # one client key, valid on every replica
+    return [first, *(make(spec, sim.url) for _ in range(n - 1))]
+
+
+def ready(gw: Gateway) -> dict[str, object]:
+    return dict(httpx.get(f"{gw.url}/health/ready", timeout=5).json()["redis"])
+
+
+def usage(gw: Gateway) -> int:
+    r = httpx.get(f"{gw.url}/admin/usage", headers={"authorization": f"Bearer {ADMIN}"})
+    r.raise_for_status()
+    return sum(int(row["requests"]) for row in r.json()["data"] if row["key"] == "k")
+
+
+async def send(client: httpx.AsyncClient, gw: Gateway) -> tuple[float, int]:
+    """(when it was sent, the answer's status)."""
+    sent = time.monotonic()
+    r = await client.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers=gw.headers())
+    return sent, r.status_code
+
+
+@pytest.mark.slow
+async def test_four_replicas_across_a_redis_restart_stay_within_the_limit(
+    sim: Sim, make_gateway: Make, tmp_path: Path
+) -> None:
+    """A key at 30 requests/min, four replicas, 200 requests in bursts of 10 concurrent ones
+    over a minute, Redis killed 15 s in and started again (AOF: its data kept) 15 s later.
+
+    What is counted: a token bucket holds a minute's allowance, so it legitimately admits
+    its initial full bucket at once; that is spent first (the drain), and from then on the
+    bucket is empty and refills at 30/min. No 60-second window starting at an empty bucket
+    may then admit more than 30 (plus the sliver of refill under one request). The one
+    window measured starts at the end of the drain and contains the whole outage; it may
+    hold at most 1.25 x 30 (the margin covers the outage's approximations: each replica
+    seeds its share from the level it last saw, which another replica may have lowered
+    since). Without the shares (every replica enforcing the full limit while Redis is
+    away), the outage alone would admit ~4 x 30 here.
+    """
+    redis = server(tmp_path / "redis", persist=True)
+    try:
+        gws = replicas(make_gateway, sim, redis.url, 4)
+        wait_for(lambda: all(ready(g)["replicas"] == 4 for g in gws), "4 replicas seen")
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as c:
+            drain = await asyncio.gather(*(send(c, gws[i % 4]) for i in range(40)))
+            assert Counter(s for _, s in drain)[200] == LIMIT  # the full bucket, exact
+            start = time.monotonic()
+            results, outage = [], {}
+            for n in range(20):  # 20 bursts x 10 = 200 requests over 60 s
+                await asyncio.sleep(max(0.0, start + 3 * n - time.monotonic()))
+                if n == 5:
+                    redis.kill()
+                if n == 7:
+                    outage = ready(gws[0])
+                if n == 10:
+                    redis.start()  # same port and directory: the AOF is replayed
+                burst = (send(c, gws[(n + i) % 4]) for i in range(10))
+                results += await asyncio.gather(*burst)
+            await asyncio.sleep(max(0.0, start + 60 - time.monotonic()))
+        statuses = Counter(s for _, s in results)
+        assert set(statuses) <= {200, 429}, statuses  # served throughout, never a 5xx
+        admitted = sorted(t - start for t, s in results if s == 200)
+        assert len([t for t in admitted if t < 60]) <= 1.25 * LIMIT, admitted
+        assert any(15 <= t < 30 for t in admitted), admitted  # fail open: served meanwhile
+        assert len(admitted) >= LIMIT / 2, admitted  # and not starved either
+        assert outage["state"] == "degraded" and outage["divisor"] == 4, outage
+        wait_for(lambda: all(ready(g)["state"] == "shared" for g in gws), "recovered")
+        # every admitted request is on the books: the ledger never depended on Redis
+        assert sum(usage(g) for g in gws) == LIMIT + len(admitted)
+    finally:
+        redis.kill()
+
+
+async def test_two_replicas_on_a_three_master_cluster_share_limits_exactly(
+    sim: Sim, make_gateway: Make, tmp_path: Path
+) -> None:
+    with cluster(tmp_path / "cluster") as c:
+        gws = replicas(make_gateway, sim, c.url, 2, rpm=20)
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as cl:
+            answers = await asyncio.gather(*(send(cl, gws[i % 2]) for i in range(50)))
+        assert Counter(s for _, s in answers) == {200: 20, 429: 30}
+        assert [ready(g)["state"] for g in gws] == ["shared", "shared"]
+        assert sum(usage(g) for g in gws) == 20  # /admin/usage answers (it was a 500)
+        for g in gws:
+            text = g.workdir.joinpath("gateway.log").read_text()
+            assert "MOVED" not in text and "CROSSSLOT" not in text and "unreachable" not in text
+            assert "tokengate_redis_misconfigured 0.0" in g.metrics()
+
+
+async def test_a_gateway_on_sentinel_follows_a_failover(
+    sim: Sim, make_gateway: Make, tmp_path: Path
+) -> None:
+    with sentinel_setup(tmp_path / "sentinel") as setup:
+        (gw,) = replicas(make_gateway, sim, setup.url, 1, rpm=600)
+        async with httpx.AsyncClient(timeout=30) as c:
+            assert {s for _, s in await asyncio.gather(*(send(c, gw) for _ in range(5)))} == {200}
+            setup.failover()
+            wait_for(lambda: ready(gw)["state"] == "shared", "shared after the failover")
+            statuses = {s for _, s in await asyncio.gather(*(send(c, gw) for _ in range(5)))}
+        assert statuses == {200} and ready(gw)["state"] == "shared"
+        promoted = setup.master_port()
+        keys = cli(promoted, "--scan", "--pattern", "tokengate:rl:*")
+        assert "tokengate:rl:{k}:requests" in keys  # the limits live on the new master
