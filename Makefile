@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps claude-code bench-deps demo test test-fast test-unit test-e2e lint format docs bench clean
+.PHONY: help install system-deps codex-cli claude-code bench-deps demo test test-fast test-unit test-e2e lint format docs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -39,6 +39,16 @@ system-deps: ## install redis-server, redis-sentinel, promtool, chromium and Pos
 	$(call apt,redis-server:redis-server redis-sentinel:redis-sentinel promtool:prometheus chromium:chromium)
 	$(call apt,pg_ctlcluster:postgresql)
 
+# The Codex CLI the end-to-end tests drive (tests/e2e/test_codex_cli.py), pinned, kept
+# under .cache/ (gitignored) and reused. No npm registry: the tests say so and skip.
+CODEX_VERSION := 0.171.0
+CODEX := .cache/npm/node_modules/.bin/codex
+
+codex-cli: ## install nodejs/npm (Debian) and the pinned Codex CLI when missing
+	-$(call apt,node:nodejs npm:npm)
+	@test -x $(CODEX) || npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error \
+	  @openai/codex@$(CODEX_VERSION) || echo "Codex CLI not installed (npm registry unreachable?): its tests will be skipped"
+
 # Claude Code for its end-to-end test (tests/e2e/test_claude_code.py): pinned, because npm on
 # Node 20 silently picks an older release (newer ones declare engines.node >= 22; the CLI is
 # a native binary from an optional dependency and does not run on the system Node).
@@ -58,16 +68,16 @@ bench-deps: system-deps ## also install nginx and wrk (Debian packages) when mis
 demo: install ## run the simulated upstream + the gateway on the shipped config, print a snippet
 	$(BIN)/python -m app.demo
 
-test: install system-deps claude-code ## install everything, then run the whole suite
+test: install system-deps codex-cli claude-code ## install everything, then run the whole suite
 	$(BIN)/python -m pytest -q
 
-test-fast: install system-deps claude-code ## the whole suite but the long scenarios marked `slow`
+test-fast: install system-deps codex-cli claude-code ## the whole suite but the long scenarios marked `slow`
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-unit: install system-deps ## unit tests only (in-process, plus redis-server for the Lua parity cases)
 	$(BIN)/python -m pytest -q tests/unit
 
-test-e2e: install system-deps claude-code ## end-to-end tests only (real servers on loopback)
+test-e2e: install system-deps codex-cli claude-code ## end-to-end tests only (real servers on loopback)
 	$(BIN)/python -m pytest -q tests/e2e
 
 lint: install ## ruff (lint + format check), mypy --strict, the import layers (import-linter)

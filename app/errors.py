@@ -8,6 +8,7 @@
     │   └── ModelNotFound         404     invalid_request_error / model_not_found
     ├── MethodNotAllowed          405     invalid_request_error / method_not_allowed
     ├── Conflict                  409     invalid_request_error / (not_shared)
+    ├── UpgradeRequired           426     invalid_request_error / websocket_not_served
     ├── PayloadTooLarge           413     invalid_request_error / request_too_large
     ├── HeadersTooLarge           431     invalid_request_error / headers_too_large
     ├── RateLimited               429     rate_limit_error / rate_limit_exceeded
@@ -131,6 +132,16 @@ class Conflict(GatewayError):
     status = 409
     type = "invalid_request_error"
     code = "conflict"
+
+
+class UpgradeRequired(GatewayError):
+    """A WebSocket upgrade the gateway will not serve (the Responses WebSocket mode off, or
+    no domain serving the Responses API). 426, never 404/405: Codex CLI falls back to HTTP
+    at once on a 426, but retries anything else for seconds first."""
+
+    status = 426
+    type = "invalid_request_error"
+    code = "websocket_not_served"
 
 
 class PayloadTooLarge(GatewayError):

@@ -37,6 +37,7 @@ from app.db.overrides import OverrideBook
 from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
+from app.dispatch.homes import LocalHomes, ResponseHomes
 from app.errors import Conflict
 from app.limits.admission import Admission
 from app.limits.bucket import Limits
@@ -46,6 +47,7 @@ from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
+from app.pipeline.responses import ResponsesService
 from app.runtime import DomainSpec, KeySpec, Runtime
 from app.status.board import StatusBoard
 from app.upstream.breaker import Breaker
@@ -53,6 +55,7 @@ from app.upstream.budget import RetryBudget
 from app.upstream.client import UpstreamClient, make_transport
 from app.upstream.health import probe
 from app.upstream.transport import Timeouts, Transport
+from app.upstream.websocket import SocketDialer
 
 log = logging.getLogger("tokengate.gateway")
 SETTLE_WAIT_SEC = 2.0  # longest /admin/usage waits for settles still running
@@ -91,6 +94,8 @@ class Gateway:
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
         self.admission = Admission(self.store, metrics, self.ledger, divisor=self.divisor)
         self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
+        self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
+        self.socket_dialer = self._socket_dialer()
         self.batch_store = BatchStore(self.db)
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
         self.batch_runner = BatchRunner(
@@ -157,6 +162,20 @@ class Gateway:
                 replica=self.replica_id,
             )
         return MemoryStore()
+
+    def _socket_dialer(self) -> SocketDialer | None:
+        """Upstream WebSocket connections, if a domain's upstream has that mode."""
+        if not any(d.responses_websocket for d in self.runtime.domains):
+            return None
+        sched = self.runtime.settings.token_scheduler
+        timeouts = sched.connect_timeout_ms / 1000, sched.timeout_ms / 1000
+        return SocketDialer(*timeouts, os.environ)
+
+    def _response_homes(self) -> ResponseHomes:
+        """Where stored responses live: in Redis when configured, so every replica knows."""
+        cfg = self.runtime.settings.responses
+        shared = self.store if isinstance(self.store, RedisStore) else None
+        return ResponseHomes(LocalHomes(cfg.max_local_ids, cfg.id_ttl_sec), shared, self.spawn)
 
     def _configured_models(self) -> set[str]:
         s = self.runtime.settings
@@ -308,6 +327,8 @@ class Gateway:
             await self.db.close()
         for domain in self.domains:
             await domain.client.close()
+        if self.socket_dialer is not None:
+            await self.socket_dialer.close()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

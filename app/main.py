@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
-from app.api import admin, batches, errors, health, openai, ui
+from app.api import admin, batches, errors, health, openai, stored_responses, ui
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
@@ -70,6 +70,7 @@ def create_app(
     errors.install(app)
     app.include_router(openai.router)
     app.include_router(batches.router)
+    app.include_router(stored_responses.router)
     app.include_router(health.router)
     app.include_router(admin.router)
     if runtime.settings.ui.enabled:

@@ -223,6 +223,26 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._add_agent_metrics(r)
+        self.sockets = Gauge(
+            "tokengate_responses_websocket_connections",
+            "Open Responses API WebSocket connections (Codex CLI's first choice).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.socket_messages = Counter(
+            "tokengate_responses_websocket_messages",
+            "Client messages on Responses API WebSockets (kind = create|warmup|refused|"
+            "ignored); each `create` is also one request in the request metrics.",
+            ["kind"],
+            registry=r,
+        )
+        self.socket_upgrades = Counter(
+            "tokengate_responses_websocket_upgrades",
+            "WebSocket upgrade requests on /v1/responses, by answer (101 accepted, 426 "
+            "refused so the client falls back to HTTP, 401 bad key).",
+            ["status"],
+            registry=r,
+        )
         self.redis_up: Gauge | None = None  # these four only when Redis is configured
         self.redis_degraded: Gauge | None = None
         self.redis_misconfigured: Gauge | None = None
@@ -369,6 +389,18 @@ class Metrics:
         self._child(self.pace, domain).set(
             float("inf") if requests_per_sec is None else requests_per_sec
         )
+
+    def record_socket_upgrade(self, status: int) -> None:
+        self._child(self.socket_upgrades, str(status)).inc()
+
+    def socket_opened(self) -> None:
+        self.sockets.inc()
+
+    def socket_closed(self) -> None:
+        self.sockets.dec()
+
+    def record_socket_message(self, kind: str) -> None:
+        self._child(self.socket_messages, kind).inc()
 
     def record_redis_state(self, state: RedisStateLike) -> None:
         """The shared-state Redis as this process sees it (the gauges exist only with

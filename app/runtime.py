@@ -37,6 +37,8 @@ class DomainSpec:
     quota_window_sec: float = 1.0
     weight: float = 1.0
     api_style: ApiStyle = ApiStyle.OPENAI
+    responses: bool = True  # serves the Responses API (if api_style speaks OpenAI's)
+    responses_websocket: bool = False  # ... and its WebSocket mode
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ def _domains(
                 quota_window_sec=entry.quota_window_sec,
                 weight=entry.weight,
                 api_style=entry.api_style,
+                responses=entry.responses,
+                responses_websocket=entry.responses_websocket,
             )
         )
     return out

@@ -39,6 +39,11 @@ def _config(app: Any, runtime: Runtime, host: str, port: int, workers: int) -> u
         # layer per request for nothing; and the server need not announce itself.
         proxy_headers=False,
         server_header=False,
+        # The Responses WebSocket mode: a `response.create` message is a request body, and
+        # frames go uncompressed (as SSE does): deflating each event cost more CPU than
+        # the rest of the bridge (tests/bench/responses.py).
+        ws_max_size=runtime.settings.server.max_body_bytes,
+        ws_per_message_deflate=False,
     )
 
 

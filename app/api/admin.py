@@ -62,6 +62,8 @@ def _instant(value: str | None, param: str) -> int | None:
         return None
     try:
         return int(float(value))
+    except OverflowError:  # 1e400: a number, but no instant
+        raise InvalidRequest(f"'{param}' is out of range", param=param) from None
     except ValueError:
         pass
     try:

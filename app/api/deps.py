@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.types import Scope
 
 from app.gateway import Gateway
 from app.runtime import KeySpec
@@ -18,14 +19,19 @@ async def _gateway(request: Request) -> Gateway:
 GatewayDep = Annotated[Gateway, Depends(_gateway)]
 
 
-async def _caller(request: Request, gateway: GatewayDep) -> KeySpec:
+def caller_of(scope: Scope, gateway: Gateway) -> KeySpec:
+    """The key presented in an HTTP or WebSocket scope's headers."""
     authorization = api_key = None
-    for name, value in request.scope["headers"]:  # one pass; Headers.get raises per miss
+    for name, value in scope["headers"]:  # one pass; Headers.get raises per miss
         if name == b"authorization":
             authorization = value.decode("latin-1")
         elif name == b"x-api-key":
             api_key = value.decode("latin-1")
     return gateway.keys.authenticate(authorization, api_key)
+
+
+async def _caller(request: Request, gateway: GatewayDep) -> KeySpec:
+    return caller_of(request.scope, gateway)
 
 
 CallerDep = Annotated[KeySpec, Depends(_caller)]

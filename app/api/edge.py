@@ -21,17 +21,28 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.api.body import ClientGone, read_body
 from app.api.errors import render
 from app.api.responses import SseResponse, send_json
-from app.errors import GatewayError, InternalError, MethodNotAllowed
+from app.api.responses_socket import not_served, serve_socket
+from app.errors import GatewayError, InternalError, MethodNotAllowed, UpgradeRequired
 from app.gateway import Gateway
 from app.pipeline.answer import Answer, JsonAnswer
-from app.pipeline.request import CHAT, COMPLETIONS, COUNT_TOKENS, EMBEDDINGS, MESSAGES, Endpoint
+from app.pipeline.request import (
+    CHAT,
+    COMPLETIONS,
+    COUNT_TOKENS,
+    EMBEDDINGS,
+    MESSAGES,
+    RESPONSES,
+    RESPONSES_COMPACT,
+    Endpoint,
+)
 from app.pipeline.session import SESSION_HEADERS
 from app.pipeline.wire import parse_call
 from app.upstream.client import forwardable
 
 log = logging.getLogger("tokengate.errors")
 ROUTES: dict[str, Endpoint] = {
-    e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, COUNT_TOKENS)
+    e.path: e
+    for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, COUNT_TOKENS, RESPONSES, RESPONSES_COMPACT)
 }
 
 
@@ -43,10 +54,22 @@ class EdgeRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
         if endpoint is None:
+            if scope["type"] == "websocket" and scope["path"] == RESPONSES.path:
+                await serve_socket(scope, receive, send, self.gateway)
+                return
             await self.app(scope, receive, send)
             return
         response: Response
         if scope["method"] != "POST":
+            if endpoint is RESPONSES and _upgrade(scope):
+                # A WebSocket upgrade that reached us as plain HTTP: this server runs without
+                # a WebSocket implementation. 426 sends the client to HTTP at once.
+                refusal = not_served(self.gateway) or UpgradeRequired(
+                    "this server does not accept WebSocket upgrades; use POST /v1/responses"
+                )
+                self.gateway.metrics.record_socket_upgrade(426)
+                await render(refusal)(scope, receive, send)
+                return
             # OpenAI's body on every path, /v1/messages included (as it always was)
             response = render(MethodNotAllowed(scope["method"], scope["path"]))
             await response(scope, receive, send)
@@ -85,4 +108,12 @@ class EdgeRoutes:
         call.session_header = session
         if not endpoint.generates:
             return await gateway.pipeline.count_tokens(call)
+        if endpoint.responses:
+            return await gateway.responses.create(call)
         return await gateway.pipeline.handle(call)
+
+
+def _upgrade(scope: Scope) -> bool:
+    return any(
+        name == b"upgrade" and value.lower() == b"websocket" for name, value in scope["headers"]
+    )

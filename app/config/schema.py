@@ -147,6 +147,19 @@ class ScaleUpConfig(Section):
         description="Which API the upstream speaks: `openai` (chat/completions/embeddings), "
         "`anthropic` (`POST /v1/messages`, authenticated with `x-api-key`) or `both`.",
     )
+    responses: bool = Field(
+        True,
+        description="The upstream (api_style `openai` or `both`) serves OpenAI's Responses API "
+        "(`/v1/responses`); false keeps Responses traffic, and the WebSocket mode, off "
+        "this domain.",
+    )
+    responses_websocket: bool = Field(
+        False,
+        description="The upstream also serves the Responses WebSocket mode (OpenAI does): "
+        "requests that reach the gateway over its WebSocket mode go on over a WebSocket of "
+        "their own, one per client connection, sending only the new items while the "
+        "upstream holds the conversation. False: HTTP + SSE, the whole conversation each time.",
+    )
 
 
 class ScaleOutConfig(Section):
@@ -574,6 +587,35 @@ class UiConfig(Section):
     )
 
 
+class ResponsesConfig(Section):
+    websocket: bool = Field(
+        True,
+        description="Serve the Responses WebSocket mode on `GET /v1/responses` (what Codex "
+        "CLI tries first), bridged to the domains over HTTP + SSE. False (or no domain "
+        "serving the Responses API) answers the upgrade with 426, so clients fall back to "
+        "HTTP at once.",
+    )
+    id_ttl_sec: PositiveInt = Field(
+        30 * 24 * 3600,
+        description="How long the gateway remembers which domain (and key) created a stored "
+        "response, for `previous_response_id` and `/v1/responses/{id}` (in Redis when "
+        "configured, so every replica knows; OpenAI keeps responses 30 days).",
+    )
+    max_local_ids: PositiveInt = Field(
+        100_000,
+        description="Response ids each process keeps in memory (least recently used dropped "
+        "first); with Redis this is only a cache in front of it.",
+    )
+    websocket_cached_responses: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Responses each WebSocket connection keeps (input and output items) so a "
+        "`response.create` with `previous_response_id` and only the new items can be sent to "
+        "a stateless upstream in full.",
+    )
+
+
 class Settings(BaseSettings):
     """The whole configuration. Paths are bound by `app.config.sources.load_settings`."""
 
@@ -627,3 +669,4 @@ class Settings(BaseSettings):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)

@@ -133,3 +133,25 @@ class TextCounter:
     @property
     def tokens(self) -> int:
         return (self.tokens_x4 + 3) // 4
+
+
+def responses_prompt_tokens(items: Any, instructions: Any = None, tools: Any = None) -> int:
+    """The Responses API's `input` (a string or a list of items), `instructions` and
+    `tools`. Messages count like chat messages; other items (function calls and their
+    outputs, reasoning, tool-specific items) count their strings and keys as text."""
+    total = REPLY_PRIMER
+    if isinstance(instructions, str):
+        total += MESSAGE_OVERHEAD + text_tokens(instructions)
+    if isinstance(items, str):
+        total += MESSAGE_OVERHEAD + text_tokens(items)
+    elif isinstance(items, list):
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type", "message") == "message":
+                total += MESSAGE_OVERHEAD + _content_tokens(item.get("content"))
+            else:
+                total += MESSAGE_OVERHEAD + structure_tokens(item)
+    if tools:
+        total += structure_tokens(tools)
+    return total

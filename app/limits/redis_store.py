@@ -539,6 +539,32 @@ class RedisStore:
             return {}
         return {} if isinstance(raw, Exception) else _overrides(raw)
 
+    # -- small shared values (the Responses API's response id -> domain map) --------------------
+    async def _command(self, *args: Any) -> Any:
+        """One plain command in the group commit's next round trip; None when Redis did
+        not answer (the callers take that as a miss)."""
+        if not self.usable:
+            return None
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._ops.append((Call(None, (), args), waiter))
+        self._kick()
+        try:
+            return await waiter
+        except _Unavailable:
+            return None
+
+    async def put_text(self, name: str, value: str, ttl_sec: float) -> None:
+        """SET with a TTL; dropped while Redis is unreachable (a later read then misses)."""
+        await self._command("SET", f"{self.prefix}{name}", value, "PX", int(ttl_sec * 1000))
+
+    async def get_text(self, name: str) -> str | None:
+        """The value, or None if absent, expired or Redis is unreachable."""
+        value = await self._command("GET", f"{self.prefix}{name}")
+        return None if value is None else str(value)
+
+    async def delete_text(self, name: str) -> None:
+        await self._command("DEL", f"{self.prefix}{name}")
+
     # -- what the gateway shows -----------------------------------------------------------------
     def state(self) -> str:
         if self.misconfigured is not None:

@@ -27,7 +27,7 @@ from app.metrics import Metrics
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
 from app.upstream.attempt import AttemptFailed
-from app.upstream.streaming import SseRelay, error_event
+from app.upstream.streaming import SseRelay, error_event, failed_event
 from app.upstream.transport import UpstreamResponse
 from app.upstream.usage import Usage
 
@@ -89,6 +89,7 @@ class StreamAnswer:
         }
         self._finished = False
         self._ttft_done = False
+        self._tell = call.on_response  # told the response id once the stream names it
         self.ending = False  # set as the last chunk is yielded: the answer ends with it
 
     async def body(self) -> AsyncIterator[bytes]:
@@ -101,6 +102,8 @@ class StreamAnswer:
         try:
             try:
                 out = relay.feed(self._reply.first)
+                if self._tell is not None:
+                    self._told()
                 if response.complete:
                     held = out
                 elif out:
@@ -109,6 +112,8 @@ class StreamAnswer:
                 assert self._reply.rest is not None
                 async for chunk in self._reply.rest:
                     out = relay.feed(chunk)
+                    if self._tell is not None:
+                        self._told()
                     if response.complete:
                         held += out
                     elif out:
@@ -117,18 +122,10 @@ class StreamAnswer:
                 held += relay.finish()
                 if not relay.done and not relay.has_usage:
                     outcome = "truncated"
-                    held += error_event(
-                        "the upstream closed the stream early",
-                        "stream_interrupted",
-                        anthropic=self._call.endpoint.anthropic,
-                    )
+                    held += self._error_event("the upstream closed the stream early")
             except AttemptFailed as failure:
                 outcome = failure.reason
-                held += error_event(
-                    f"the upstream stream broke off ({failure.reason})",
-                    "stream_interrupted",
-                    anthropic=self._call.endpoint.anthropic,
-                )
+                held += self._error_event(f"the upstream stream broke off ({failure.reason})")
             self._ttft()
             self.ending = True
             yield held
@@ -137,6 +134,18 @@ class StreamAnswer:
             raise
         finally:
             await self._close(status if outcome in (None, "client_closed") else 502, outcome)
+
+    def _error_event(self, message: str) -> bytes:
+        endpoint = self._call.endpoint
+        if endpoint.responses:
+            relay = self.relay
+            return failed_event(message, "stream_interrupted", relay.response_id, relay.events)
+        return error_event(message, "stream_interrupted", anthropic=endpoint.anthropic)
+
+    def _told(self) -> None:
+        if self.relay.response_id is not None and self._tell is not None:
+            self._tell(self.relay.response_id, self._domain.name)
+            self._tell = None
 
     def _ttft(self) -> None:
         if self.relay.saw_content and not self._ttft_done:

@@ -48,13 +48,14 @@ from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.pipeline.count import count_tokens
 from app.pipeline.failure import client_error
 from app.pipeline.holds import KeyHolds
-from app.pipeline.request import ClientRequest
+from app.pipeline.request import ClientRequest, Endpoint
 from app.pipeline.trace import Attempt, Trace
-from app.runtime import Runtime
+from app.runtime import KeySpec, Runtime
 from app.status.recent import Failure
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
-from app.upstream.usage import parse_usage
+from app.upstream.transport import UpstreamResponse
+from app.upstream.usage import Usage, parse_usage
 
 # Attempt outcomes that feed neither the breaker nor a verdict on the upstream's health.
 _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})
@@ -101,6 +102,36 @@ class Pipeline:
         self.sessions.load_factor = runtime.settings.affinity.load_factor
         # Domains by the API they speak (anthropic or not), looked up per request.
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
+        self.responders = [d for d in self.speaking[False] if d.spec.responses]
+
+    def speakers(self, endpoint: Endpoint) -> list[Domain]:
+        """The domains whose upstream speaks the API of `endpoint`."""
+        return self.responders if endpoint.responses else self.speaking[endpoint.anthropic]
+
+    def target(self, key: KeySpec, asked: str) -> str:
+        """The model `asked` resolves to (aliases), if `key` may use it."""
+        target = self.aliases.resolve(asked, self._listed)
+        if not self._allowed(key.models, asked, target):
+            raise PermissionDenied(
+                f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
+            )
+        return target
+
+    def resolve(self, call: ClientRequest) -> tuple[str, str]:
+        """(the model asked for, the model to serve): the default route, then `target`;
+        400 without either."""
+        asked = call.model or self.runtime.default_model
+        if not asked:
+            raise InvalidRequest(
+                "you must provide a model parameter (no model_route.default is configured)",
+                param="model",
+                code="missing_model",
+            )
+        return asked, self.target(call.key, asked)
+
+    def _listed(self, model: str) -> bool:
+        """Some domain lists `model` (a pattern alias never hides a served model)."""
+        return any(model in (d.models() or ()) for d in self.domains)
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
@@ -158,34 +189,17 @@ class Pipeline:
         return answer
 
     # -- model and plan -------------------------------------------------------------
-    def resolve(self, call: ClientRequest) -> tuple[str, str]:
-        """(the model asked for, the model to serve): default route, then aliases; 400
-        without either, 403 when the key may not use it."""
-        asked = call.model or self.runtime.default_model
-        if not asked:
-            raise InvalidRequest(
-                "you must provide a model parameter (no model_route.default is configured)",
-                param="model",
-                code="missing_model",
-            )
-        target = self.aliases.resolve(asked, self._listed)
-        key = call.key
-        if not self._allowed(key.models, asked, target):
-            raise PermissionDenied(
-                f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
-            )
-        return asked, target
-
-    def _listed(self, model: str) -> bool:
-        """Some domain lists `model` (a pattern alias never hides a served model)."""
-        return any(model in (d.models() or ()) for d in self.domains)
-
     def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
         """The model to serve and the domains serving it; fallbacks are planned only when
         this one fails (`_fallbacks`)."""
         asked, target = self.resolve(call)
         key = call.key
-        domains = self.speaking[call.endpoint.anthropic]
+        domains = self.speakers(call.endpoint)
+        if not domains and call.endpoint.responses:
+            raise NotFound(
+                "no domain serves the Responses API: a [[scale_up]] domain with api_style "
+                '"openai" or "both" and responses = true is needed'
+            )
         if not domains:
             raise NotFound(
                 f"no domain speaks the API of {call.endpoint.path}: set api_style = "
@@ -195,16 +209,26 @@ class Pipeline:
         first = serving(domains, target, key.domain)
         if not first:
             raise ModelNotFound(_not_found(asked, key.domain), param="model")
+        if call.home is not None:
+            first = [d for d in first if d.name == call.home]
+            if not first:
+                raise InvalidRequest(
+                    f"previous_response_id names a response held by domain '{call.home}', "
+                    f"which does not serve model '{asked}' for this key",
+                    param="previous_response_id",
+                )
         return target, first
 
     def _fallbacks(self, call: ClientRequest, target: str) -> Iterator[tuple[str, list[Domain]]]:
-        domains = self.speaking[call.endpoint.anthropic]
+        domains = self.speakers(call.endpoint)
         key = call.key
         for name in self.runtime.fallbacks:
             fb = self.aliases.resolve(name, self._listed)
             if fb == target or not self._allowed(key.models, name, fb):
                 continue
             candidates = serving(domains, fb, key.domain)
+            if call.home is not None:  # the previous response is there, and only there
+                candidates = [d for d in candidates if d.name == call.home]
             if candidates:
                 yield fb, candidates
 
@@ -342,13 +366,17 @@ class Pipeline:
         )
 
     async def _send(self, call: ClientRequest, domain: Domain, body: bytes) -> Reply:
-        resp = await domain.client.send(
-            call.endpoint.path,
-            body,
-            stream=call.stream,
-            request_id=call.request_id,
-            client_headers=call.client_headers,
-        )
+        resp: UpstreamResponse | None = None
+        if call.sockets is not None and domain.spec.responses_websocket:
+            resp = await call.sockets.send(domain.spec, body)  # None: the upstream said no
+        if resp is None:
+            resp = await domain.client.send(
+                call.endpoint.path,
+                body,
+                stream=call.stream,
+                request_id=call.request_id,
+                client_headers=call.client_headers,
+            )
         advertised = rate_headers(resp.headers)
         if resp.status != 429:
             domain.dispatcher.pacer.answered()
@@ -372,7 +400,10 @@ class Pipeline:
                 raise
             return Reply(resp, first, chunks, None)
         data = await resp.read()
-        return Reply(resp, data, None, parse_usage(data, anthropic=call.endpoint.anthropic))
+        usage = parse_usage(
+            data, anthropic=call.endpoint.anthropic, responses=call.endpoint.responses
+        )
+        return Reply(resp, data, None, usage)
 
     async def _advertised(self, domain: Domain, advertised: RateHeaders) -> None:
         cooled = await domain.dispatcher.pacer.observe(advertised)
@@ -419,10 +450,25 @@ class Pipeline:
         trace.model = usage.model or trace.attempts[-1].model
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
         trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
+        if call.endpoint.responses:
+            self._responses_answer(call, trace, usage, domain)
         self._finish(call, trace, ticket, 200, lease=lease)
         headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
         ctype = reply.response.headers.get("content-type", "application/json")
         return JsonAnswer(200, reply.first, ctype, headers)
+
+    def _responses_answer(
+        self, call: ClientRequest, trace: Trace, usage: Usage, domain: Domain
+    ) -> None:
+        """A Responses API answer names its id (the caller records where it lives). A
+        background response answers `queued`, without usage: it is charged what was
+        reserved, as its usage is only known once it is done."""
+        if usage.response_id and call.on_response is not None:
+            call.on_response(usage.response_id, domain.name)
+        if not usage.reported:
+            trace.prompt_tokens = call.prompt_tokens
+            trace.completion_tokens = call.cost(self.default_max_tokens) - call.prompt_tokens
+            trace.estimated = True
 
     def _finish(
         self,

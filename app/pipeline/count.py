@@ -9,7 +9,7 @@
            no domain serves it                            ──► 404 model_not_found
 
 The estimate is the gateway's own (`app/limits/estimate.py`, the one admission uses),
-said to be one in `x-tokengate-estimate: true`. Agents ask for counts in bursts (Claude
+said to be one in `x-tokengate-estimated: true`. Agents ask for counts in bursts (Claude
 Code's `/context` sends 25 at once) to size their context, not to generate, so a count
 takes no dispatch slot, no rate-limit reservation and no retry; it is still
 authenticated, counted in `tokengate_requests_total` and access-logged by the caller.
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from app.dispatch.domain import Domain
     from app.pipeline.core import Pipeline
 
-ESTIMATE_HEADER = "x-tokengate-estimate"
+ESTIMATE_HEADER = "x-tokengate-estimated"
 _RELAYED = frozenset({400, 413, 422})  # the request itself is wrong: say so, do not guess
 
 

@@ -44,8 +44,15 @@ def client_error(
     tries = len(trace.attempts)
     why = HELD_BACK if held else ""
     match last.reason:
-        case Reason.STATUS_4XX if last.status is not None:
+        case Reason.STATUS_4XX | Reason.RESPONSE_NOT_FOUND if last.status is not None:
             return UpstreamRejected(last.status, last.body, last.content_type)
+        case Reason.MODEL_NOT_FOUND if trace.endpoint.startswith("responses"):
+            return ModelNotFound(
+                f"the upstream answered 404 for model '{trace.attempts[-1].model}' on the "
+                "Responses API: it may not serve the model, or not /v1/responses at all "
+                "(operators: set responses = false on such a [[scale_up]] domain)",
+                param="model",
+            )
         case Reason.MODEL_NOT_FOUND:
             return ModelNotFound(
                 f"the upstream does not serve model '{trace.attempts[-1].model}'; "
@@ -86,6 +93,7 @@ def client_error(
             | Reason.STATUS_504
             | Reason.STATUS_5XX
             | Reason.STATUS_4XX  # without a status: nothing to relay
+            | Reason.RESPONSE_NOT_FOUND
         ):
             return UpstreamFailed(
                 f"upstream failed after {tries} attempt(s): {last.reason}{why}",

@@ -8,7 +8,7 @@ usage from a stream). Unknown fields always pass through.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -18,6 +18,7 @@ import orjson
 from app.kinds import QueueClass
 from app.pipeline.session import session_key
 from app.runtime import KeySpec
+from app.upstream.websocket import UpstreamSockets
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Endpoint:
     anthropic: bool = False
     usage_in_stream: bool = True  # accepts stream_options.include_usage
     generates: bool = True  # False: answered without generation (no limits, no queue)
+    responses: bool = False  # OpenAI's Responses API: usage in `response.completed`, ids
 
 
 CHAT = Endpoint("chat", "/v1/chat/completions", streamable=True)
@@ -43,6 +45,21 @@ COUNT_TOKENS = Endpoint(
     anthropic=True,
     usage_in_stream=False,
     generates=False,
+)
+RESPONSES = Endpoint(
+    "responses", "/v1/responses", streamable=True, usage_in_stream=False, responses=True
+)
+# The same API reached through the WebSocket mode: each `response.create` message is one
+# request; its own name keeps the two apart in the access log.
+RESPONSES_SOCKET = Endpoint(
+    "responses_ws", "/v1/responses", streamable=True, usage_in_stream=False, responses=True
+)
+RESPONSES_COMPACT = Endpoint(
+    "responses_compact",
+    "/v1/responses/compact",
+    streamable=False,
+    usage_in_stream=False,
+    responses=True,
 )
 
 
@@ -67,6 +84,13 @@ class ClientRequest:
     def session(self) -> bytes:
         """The conversation this request belongs to (session.py), read on first use."""
         return session_key(self.body, self.session_header)
+
+    # Responses API: the only domain that can serve it (it holds `previous_response_id`),
+    # and who to tell the id of the response the answer created (id, serving domain).
+    home: str | None = None
+    on_response: Callable[[str, str], None] | None = None
+    # A client WebSocket's own upstream sockets (domains with responses_websocket).
+    sockets: UpstreamSockets | None = None
 
     @property
     def queue_class(self) -> QueueClass:

@@ -106,6 +106,23 @@ def _text_input(body: dict[str, Any], name: str) -> Any:
     )
 
 
+def _responses_input(body: dict[str, Any]) -> int:
+    """Check the Responses API fields the gateway acts on; the prompt estimate."""
+    items = body.get("input")
+    if items is not None and not isinstance(items, str | list):
+        raise InvalidRequest(
+            "'input' must be a string or an array of input items",
+            param="input",
+            code="invalid_type",
+        )
+    _opt_type(body, "instructions", str, "a string")
+    _opt_type(body, "previous_response_id", str, "a string")
+    _opt_type(body, "store", bool, "a boolean")
+    _opt_type(body, "background", bool, "a boolean")
+    _opt_type(body, "tools", list, "an array")
+    return estimate.responses_prompt_tokens(items, body.get("instructions"), body.get("tools"))
+
+
 def parse_call(
     endpoint: Endpoint,
     raw: bytes,
@@ -129,6 +146,9 @@ def parse_call(
     elif endpoint is EMBEDDINGS:
         prompt = estimate.input_tokens(_text_input(body, "input"))
         max_tokens = 0
+    elif endpoint.responses:
+        prompt = _responses_input(body)
+        max_tokens = _opt_int(body, "max_output_tokens", 1)
     elif endpoint is MESSAGES or endpoint is COUNT_TOKENS:
         messages = _messages(body)
         max_tokens = _opt_int(body, "max_tokens", 1)

@@ -70,6 +70,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1024,
         help="shortest prompt prefix it caches, in its own tokens (as the real APIs: 1024)",
     )
+    p.add_argument(
+        "--background-ms",
+        type=float,
+        default=300.0,
+        help="how long a Responses API background response takes (queued, then in progress)",
+    )
+    p.add_argument(
+        "--responses-websocket",
+        action="store_true",
+        help="also serve the Responses API's WebSocket mode on GET /v1/responses",
+    )
 
 
 def knobs_from(args: argparse.Namespace) -> SimKnobs:
@@ -88,6 +99,8 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         record=not args.no_record,
         cache_entries=args.cache_entries,
         cache_min_tokens=args.cache_min_tokens,
+        background_ms=args.background_ms,
+        responses_websocket=args.responses_websocket,
         faults=Faults(
             status=args.fail_status,
             count=args.fail_next,

@@ -28,7 +28,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
 from app.sim import shapes
@@ -37,6 +37,7 @@ from app.sim.errors import SimError
 from app.sim.knobs import Faults, SimKnobs
 from app.sim.messages import count_tokens_body
 from app.sim.quota import Quota
+from app.sim.responses import Renderers, ResponsesSim
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
@@ -415,9 +416,22 @@ def create_sim_app(knobs: SimKnobs) -> Starlette:
     paths = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     if knobs.anthropic:
         paths.append(MESSAGES)
-    routes = [Route(p, sim.handle, methods=["POST"]) for p in paths]
+    routes: list[BaseRoute] = [Route(p, sim.handle, methods=["POST"]) for p in paths]
     if knobs.anthropic:
         routes.append(Route(COUNT_TOKENS, sim.count_tokens, methods=["POST"]))
+    responses = ResponsesSim(
+        sim, Renderers(_Stream, _Truncated, lambda err: _error(err, False), _Drop)
+    )
+    routes += [
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/input_tokens", responses.input_tokens, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", responses.cancel, methods=["POST"]),
+        Route("/v1/responses/{response_id}/input_items", responses.input_items, methods=["GET"]),
+    ]
+    if knobs.responses_websocket:
+        routes.append(WebSocketRoute("/v1/responses", responses.socket))
     routes += [
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/records", sim.get_records, methods=["GET"]),

@@ -40,6 +40,8 @@ class Reason(StrEnum):
     BAD_RESPONSE = "bad_response"  # not valid HTTP, not an API answer, or a 200 without JSON
     UPSTREAM_AUTH = "upstream_auth"  # 401 / 403: the gateway's upstream key
     MODEL_NOT_FOUND = "model_not_found"  # 404
+    # 400/404 `previous_response_not_found`: that domain does not hold the response
+    RESPONSE_NOT_FOUND = "response_not_found"
     CIRCUIT_OPEN = "circuit_open"  # the domain's breaker refused the attempt
     THROTTLED = "throttled"  # 429 as flow control
     INSUFFICIENT_QUOTA = "insufficient_quota"  # 429, the account's balance is empty
@@ -67,12 +69,17 @@ MOVES_ON = frozenset(
         Reason.BAD_RESPONSE,
         Reason.UPSTREAM_AUTH,
         Reason.MODEL_NOT_FOUND,
+        Reason.RESPONSE_NOT_FOUND,
         Reason.CIRCUIT_OPEN,
         *_RETRYABLE.values(),
     }
 )
 # Failures that say the upstream (not the client) is broken: they feed the breaker.
-UPSTREAM_FAULTS = MOVES_ON - {Reason.MODEL_NOT_FOUND, Reason.CIRCUIT_OPEN}
+UPSTREAM_FAULTS = MOVES_ON - {
+    Reason.MODEL_NOT_FOUND,
+    Reason.RESPONSE_NOT_FOUND,
+    Reason.CIRCUIT_OPEN,
+}
 
 
 class AttemptFailed(Exception):
@@ -112,7 +119,9 @@ def status_failure(
 ) -> AttemptFailed:
     if status == 429:
         return _too_many(body, content_type, headers)
-    if status in _RETRYABLE:
+    if status in (400, 404) and b"previous_response_not_found" in body:
+        reason = Reason.RESPONSE_NOT_FOUND  # another domain may hold it
+    elif status in _RETRYABLE:
         reason = _RETRYABLE[status]
     elif status in (401, 403):
         reason = Reason.UPSTREAM_AUTH

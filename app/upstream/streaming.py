@@ -8,9 +8,11 @@ stream), and `usage`. When the gateway itself added `stream_options.include_usag
 the usage-only chunk (empty `choices`) is captured and not forwarded.
 
 Anthropic's Messages stream (`event:` lines) carries usage in `message_start` and
-`message_delta`; the same relay reads it. A field `message_delta` sets (not null) wins
-over `message_start`'s, and the prompt is input + cache read + cache creation tokens
-(see usage.py: each prompt token counted once).
+`message_delta`; the same relay reads it, and the Responses API's typed events too:
+the response id and model in `response.created`, the usage in the terminal event
+(`response.completed`, `response.incomplete` or `response.failed`). In Anthropic's, a
+field `message_delta` sets (not null) wins over `message_start`'s, and the prompt is
+input + cache read + cache creation tokens (see usage.py: each prompt token once).
 
 Tool calls count as generated text: OpenAI's `delta.tool_calls[].function.arguments`,
 Anthropic's `input_json_delta` (and `thinking_delta`), so the first token is timed
@@ -35,6 +37,19 @@ from app.upstream.usage import anthropic_cache, cached_tokens
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
+# Responses API events whose `delta` is generated output (text, tool arguments, reasoning).
+_RESPONSES_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_text.delta",
+    }
+)
+RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_RESPONSES_START = frozenset({"response.created", "response.queued", "response.in_progress"})
 
 
 class SseRelay:
@@ -50,8 +65,10 @@ class SseRelay:
         self.saw_content = False
         self.done = False
         self.events = 0
+        self.response_id: str | None = None  # Responses API
         self._tail = b""
         self._skim = False  # an OpenAI stream past its first content: defer content events
+        self._skim_deltas = False  # a Responses stream past its first delta: defer deltas
         self._unread: list[bytes] = []
         self._unread_bytes = 0
 
@@ -108,7 +125,11 @@ class SseRelay:
         if payload == b"[DONE]":
             self.done = True
             return True
-        if self._skim and not _names_usage(payload):
+        if (self._skim or (self._skim_deltas and b'.delta"' in payload)) and not _names_usage(
+            payload
+        ):
+            # A `.delta"` right before a quote is a type name: in a JSON string that quote
+            # would be escaped.
             self._unread.append(payload)
             self._unread_bytes += len(payload)
             if self._unread_bytes > UNREAD_LIMIT:
@@ -131,7 +152,10 @@ class SseRelay:
             self.model = obj["model"]
         kind = obj.get("type")
         if isinstance(kind, str):
-            self._read_anthropic(kind, obj)
+            if kind.startswith("response."):
+                self._read_responses(kind, obj)
+            else:
+                self._read_anthropic(kind, obj)
             return True
         choices = obj.get("choices")
         if choices and isinstance(choices, list):
@@ -200,6 +224,29 @@ class SseRelay:
             self.cache_write_tokens = write
         self.prompt_tokens = self._anthropic_input + self.cached_tokens + self.cache_write_tokens
 
+    def _read_responses(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind in _RESPONSES_DELTAS:
+            delta = obj.get("delta")
+            if isinstance(delta, str) and delta:
+                self._add_text(delta)
+                self._skim_deltas = True
+            return
+        if kind not in _RESPONSES_START and kind not in RESPONSES_TERMINAL:
+            return
+        response = obj.get("response")
+        if not isinstance(response, dict):
+            return
+        if isinstance(response.get("model"), str):
+            self.model = response["model"]
+        if self.response_id is None and isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+        if kind in RESPONSES_TERMINAL:
+            self.done = True
+            usage = response.get("usage")
+            if isinstance(usage, dict):
+                self._take_usage(usage.get("input_tokens"), usage.get("output_tokens"))
+                self.cached_tokens = cached_tokens(usage)
+
     def _take_usage(self, prompt: Any, completion: Any) -> None:
         self.prompt_tokens = _int(prompt)
         self.completion_tokens = _int(completion)
@@ -226,6 +273,22 @@ def _data_of(event: bytes) -> bytes | None:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
+
+
+def failed_event(message: str, code: str, response_id: str | None, sequence: int) -> bytes:
+    """The Responses API's end of a stream the upstream broke off: `response.failed`
+    (clients such as Codex act on it; an `error` event they ignore)."""
+    response: dict[str, Any] = {
+        "id": response_id or "resp_failed",
+        "object": "response",
+        "status": "failed",
+        "error": {"code": code, "message": message},
+        "incomplete_details": None,
+        "output": [],
+        "usage": None,
+    }
+    body = {"type": "response.failed", "response": response, "sequence_number": sequence}
+    return b"event: response.failed\ndata: " + orjson.dumps(body) + _SEP
 
 
 def error_event(message: str, code: str, *, anthropic: bool = False) -> bytes:

@@ -32,9 +32,10 @@ class Usage:
     reported: bool = True
     cached: int = 0  # prompt tokens served from the upstream's prompt cache
     cache_write: int = 0  # prompt tokens written to it (Anthropic's cache creation)
+    response_id: str | None = None  # the Responses API's id of the answer
 
 
-def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
+def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False) -> Usage:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -43,6 +44,8 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
         raise _bad("answer is not an object")
     usage = obj.get("usage")
     model = obj.get("model") if isinstance(obj.get("model"), str) else None
+    if responses:
+        return _responses_usage(obj, usage, model)
     if not isinstance(usage, dict):
         return Usage(0, 0, model, reported=False)
     if anthropic:
@@ -55,11 +58,13 @@ def parse_usage(body: bytes, *, anthropic: bool = False) -> Usage:
 
 def cached_tokens(usage: dict[str, Any]) -> int:
     """Prompt tokens read from the upstream's cache: OpenAI's
-    `prompt_tokens_details.cached_tokens` (part of `prompt_tokens`) or Anthropic's
+    `prompt_tokens_details.cached_tokens` (part of `prompt_tokens`; the Responses API's
+    `input_tokens_details.cached_tokens`, part of `input_tokens`) or Anthropic's
     `cache_read_input_tokens` (which Anthropic counts apart from `input_tokens`)."""
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict) and "cached_tokens" in details:
-        return _int(details["cached_tokens"])
+    for name in ("prompt_tokens_details", "input_tokens_details"):
+        details = usage.get(name)
+        if isinstance(details, dict) and "cached_tokens" in details:
+            return _int(details["cached_tokens"])
     return _int(usage.get("cache_read_input_tokens"))
 
 
@@ -67,6 +72,22 @@ def anthropic_cache(usage: dict[str, Any]) -> tuple[int, int]:
     """(cache read, cache creation) input tokens of an Anthropic usage object."""
     return _int(usage.get("cache_read_input_tokens")), _int(
         usage.get("cache_creation_input_tokens")
+    )
+
+
+def _responses_usage(obj: dict[str, Any], usage: object, model: str | None) -> Usage:
+    """A Response object: `input_tokens` (cached ones included), `output_tokens`, and
+    its id. A background response answered `queued` has no usage yet."""
+    ident = obj.get("id")
+    rid = ident if isinstance(ident, str) else None
+    if not isinstance(usage, dict):
+        return Usage(0, 0, model, reported=False, response_id=rid)
+    return Usage(
+        _int(usage.get("input_tokens")),
+        _int(usage.get("output_tokens")),
+        model,
+        cached=cached_tokens(usage),
+        response_id=rid,
     )
 
 

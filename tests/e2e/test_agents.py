@@ -126,7 +126,7 @@ def test_count_tokens_and_models_through_the_anthropic_sdk(
     )
     (rec,) = sim.records("/v1/messages/count_tokens")
     # the simulator's own count (5 words + 3 framing, 5 of the tool): forwarded, not estimated
-    assert raw.parse().input_tokens == 13 and "x-tokengate-estimate" not in raw.headers
+    assert raw.parse().input_tokens == 13 and "x-tokengate-estimated" not in raw.headers
     assert "token-counting-2024-11-01" in rec["headers"]["anthropic-beta"]
     assert rec["headers"]["x-api-key"] == sim.api_key and gw.key not in json.dumps(rec)
     assert {m.id for m in client.models.list()} >= {"claude-sonnet", "gpt-4o"}

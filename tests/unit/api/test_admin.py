@@ -50,6 +50,13 @@ async def test_usage_is_an_openai_style_list(client: httpx.AsyncClient) -> None:
     assert r.status_code == 200 and r.json() == {"object": "list", "data": []}
 
 
+async def test_usage_periods_out_of_range_or_malformed_are_400(client: httpx.AsyncClient) -> None:
+    for query in ("to=1e400", "from=-1e400", "from=nan", "to=yesterday"):
+        r = await client.get(f"/admin/usage?{query}", headers=ADMIN)
+        assert r.status_code == 400, query
+        assert r.json()["error"]["param"] == query.partition("=")[0]
+
+
 async def test_live_limits_apply_to_a_known_alias(make_client: MakeClient) -> None:
     client = await make_client({"admin_key": ADMIN_KEY, "keys": [ALICE]})
     r = await client.put("/admin/keys/alice/limits", headers=ADMIN, json={"requests_per_minute": 7})

@@ -41,7 +41,7 @@ async def test_count_tokens_goes_to_an_anthropic_domain_with_its_key(
     headers = {**ANTHROPIC, "anthropic-beta": "token-counting-2024-11-01"}
     r = await client.post("/v1/messages/count_tokens?beta=true", json=ASK, headers=headers)
     assert r.status_code == 200 and r.json() == {"input_tokens": 77}
-    assert "x-tokengate-estimate" not in r.headers and r.headers["x-tokengate-domain"]
+    assert "x-tokengate-estimated" not in r.headers and r.headers["x-tokengate-domain"]
     (sent,) = [s for s in seen if s.url.path.endswith("/count_tokens")]
     assert sent.headers["x-api-key"] == "sk-upstream" and "authorization" not in sent.headers
     assert sent.headers["anthropic-beta"] == "token-counting-2024-11-01"
@@ -58,7 +58,7 @@ async def test_count_tokens_is_estimated_when_no_anthropic_domain_can_answer(
     seen: list[httpx.Request] = []
     client = await make_client(domain("openai", ["claude-x"]), handler=counting(seen))  # type: ignore[arg-type]
     r = await client.post("/v1/messages/count_tokens", json=ASK, headers=ANTHROPIC)
-    assert r.status_code == 200 and r.headers["x-tokengate-estimate"] == "true"
+    assert r.status_code == 200 and r.headers["x-tokengate-estimated"] == "true"
     assert r.json()["input_tokens"] > 100  # 480 characters / 4, and framing
     assert not [s for s in seen if "count_tokens" in s.url.path]
     missing = await client.post(
@@ -73,7 +73,7 @@ async def test_an_upstream_without_count_tokens_gets_the_estimate(
     seen: list[httpx.Request] = []
     client = await make_client(domain("anthropic", ["claude-x"]), handler=counting(seen, 404))  # type: ignore[arg-type]
     r = await client.post("/v1/messages/count_tokens", json=ASK, headers=ANTHROPIC)
-    assert r.status_code == 200 and r.headers["x-tokengate-estimate"] == "true"
+    assert r.status_code == 200 and r.headers["x-tokengate-estimated"] == "true"
 
 
 async def test_models_in_anthropics_shape_when_asked_in_its_dialect(

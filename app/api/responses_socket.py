@@ -1,0 +1,148 @@
+"""`GET /v1/responses` with `Upgrade: websocket`: the Responses API's WebSocket mode.
+
+The upgrade is refused at once when it cannot be served: 426 when the mode is off
+(`responses.websocket = false`) or no domain serves the Responses API (Codex CLI then
+falls back to HTTP for the whole session, in one round trip; a 404 or 405 would cost it
+seven attempts over several seconds), 401 for a bad key. Both are real HTTP answers with
+OpenAI's error body (the ASGI WebSocket denial response), sent before the handshake.
+
+Accepted, the connection is two tasks in one `TaskGroup` (they end together, no task
+outlives the connection): the reader takes client frames into a short inbox, and the
+worker answers them one at a time through a `SocketSession`. A client that leaves cancels
+the worker, which cancels its queued or streaming request like an HTTP disconnect does
+(slot freed, upstream closed, key charged what was streamed). While the gateway drains,
+the worker closes the socket (1001) after the response in flight: the client reconnects,
+to a live replica, and sends its whole conversation again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
+
+from app.api.deps import caller_of
+from app.api.errors import render
+from app.api.middleware import new_request_id
+from app.errors import GatewayError, UpgradeRequired
+from app.gateway import Gateway
+from app.pipeline.socket_session import SocketSession
+from app.upstream.client import forwardable
+from app.upstream.websocket import UpstreamSockets
+
+log = logging.getLogger("tokengate.errors")
+MAX_PENDING = 8  # client messages waiting behind the one being answered
+GOING_AWAY = 1001
+POLICY = 1008
+INTERNAL = 1011
+_GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)
+
+
+def not_served(gateway: Gateway) -> UpgradeRequired | None:
+    if not gateway.runtime.settings.responses.websocket:
+        return UpgradeRequired(
+            "the Responses WebSocket mode is off on this gateway (responses.websocket); "
+            "use POST /v1/responses"
+        )
+    if not gateway.pipeline.responders:
+        return UpgradeRequired(
+            "no domain of this gateway serves the Responses API; use POST /v1/responses"
+        )
+    return None
+
+
+async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gateway) -> None:
+    ws: WebSocket = WebSocket(scope, receive, send)
+    if (await ws.receive())["type"] != "websocket.connect":
+        return
+    try:
+        refusal = not_served(gateway)
+        if refusal is not None:
+            raise refusal
+        caller_of(scope, gateway)
+    except GatewayError as exc:
+        gateway.metrics.record_socket_upgrade(exc.status)
+        await _deny(ws, exc)
+        return
+    await ws.accept()
+    gateway.metrics.record_socket_upgrade(101)
+    gateway.metrics.socket_opened()
+    session = _session(gateway, scope)
+    try:
+        await _converse(ws, gateway, session)
+    except* _GONE:
+        pass  # the client left: its request was cancelled with the worker
+    except* Exception as group:
+        log.error("responses websocket failed", exc_info=group.exceptions[0])
+        await _close(ws, INTERNAL, "internal error; see the gateway log")
+    finally:
+        gateway.metrics.socket_closed()
+        await session.close()
+
+
+def _session(gateway: Gateway, scope: Scope) -> SocketSession:
+    # The upgrade's `openai-beta: responses_websockets=...` names the socket protocol; it
+    # is not a beta of the HTTP requests the session makes.
+    headers = {
+        k: v
+        for k, v in forwardable(scope["headers"]).items()
+        if not (k == "openai-beta" and "responses_websockets" in v)
+    }
+    settings = gateway.runtime.settings
+    return SocketSession(
+        gateway.responses,
+        lambda: caller_of(scope, gateway),
+        headers,
+        gateway.metrics,
+        cached=settings.responses.websocket_cached_responses,
+        max_body=settings.server.max_body_bytes,
+        new_request_id=new_request_id,
+        sockets=UpstreamSockets(gateway.socket_dialer) if gateway.socket_dialer else None,
+    )
+
+
+async def _converse(ws: WebSocket, gateway: Gateway, session: SocketSession) -> None:
+    inbox: asyncio.Queue[str] = asyncio.Queue(MAX_PENDING)
+
+    async def work() -> None:
+        while True:
+            text = await inbox.get()
+            await session.handle(text, ws.send_text)
+            if gateway.draining:
+                await _close(ws, GOING_AWAY, "the gateway is restarting; reconnect")
+                return
+
+    # A TaskGroup, not asyncio.create_task: the worker is the connection's child and can
+    # never outlive it.
+    async with asyncio.TaskGroup() as group:
+        worker = group.create_task(work())
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                worker.cancel()
+                return
+            text = message.get("text")
+            if text is None:
+                text = (message.get("bytes") or b"").decode("utf-8", "replace")
+            try:
+                inbox.put_nowait(text)
+            except asyncio.QueueFull:
+                worker.cancel()
+                await _close(ws, POLICY, "too many requests waiting on this connection")
+                return
+
+
+async def _deny(ws: WebSocket, exc: GatewayError) -> None:
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        await ws.send_denial_response(render(exc))
+    else:  # a server without the denial extension: a close before accepting is a 403
+        await ws.close(POLICY, exc.message[:120])
+
+
+async def _close(ws: WebSocket, code: int, reason: str) -> None:
+    try:
+        await ws.close(code, reason)
+    except _GONE:
+        pass

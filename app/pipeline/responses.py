@@ -1,0 +1,253 @@
+"""The Responses API's stateful side: where each response lives, and the calls that
+follow one.
+
+    POST /v1/responses (HTTP, or one WebSocket `response.create`)
+      previous_response_id? ── homes.where(id) ──► call.home: only that domain serves it
+      └► Pipeline.handle: limits, queue, retries, fallback, metrics, ledger
+           └► the answer names its id (JSON `id`, stream `response.created`)
+                └► homes.remember(id, Home(domain, key))          unless `store: false`
+
+    GET / DELETE /v1/responses/{id}, POST …/cancel, GET …/input_items
+      └► the home domain; an id the gateway does not know: each domain serving the
+         Responses API in turn, until one has it (404 in OpenAI's shape if none does).
+         Relayed as the upstream answered; not charged to the key's limits.
+
+    POST /v1/responses/input_tokens
+      └► a domain serving the model; if none speaks that route, the gateway's own
+         estimate, marked `x-tokengate-estimated: true`. Never charged.
+
+A response belongs to the key that created it: another key asking for it (or chaining
+from it) gets the answer for an unknown id.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from urllib.parse import parse_qs
+
+import orjson
+
+from app.dispatch.domain import Domain
+from app.dispatch.homes import Home, ResponseHomes
+from app.errors import InvalidRequest, NotFound, UpstreamFailed
+from app.limits import estimate
+from app.metrics import Metrics
+from app.pipeline.answer import Answer
+from app.pipeline.core import Pipeline
+from app.pipeline.request import RESPONSES_COMPACT, ClientRequest
+from app.pipeline.wire import parse_json
+from app.runtime import KeySpec
+from app.upstream.attempt import AttemptFailed
+from app.upstream.transport import UpstreamResponse
+
+access_log = logging.getLogger("tokengate.access")
+# What an id may look like before it is put in an upstream path (no `/`, `?`, `..`).
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+_NOT_SERVED = (404, 405, 501)  # an upstream without the input_tokens route
+
+
+@dataclass
+class Relayed:
+    """An upstream answer passed to the client as it came: a body, or SSE chunks (a
+    background response replayed with `?stream=true`) with the close that ends them."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: AsyncIterator[bytes] | None = None
+    close: Callable[[], Awaitable[None]] | None = None
+
+
+def previous_not_found(response_id: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"Previous response with id '{response_id}' not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+class ResponsesService:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        homes: ResponseHomes,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.pipeline = pipeline
+        self.homes = homes
+        self.metrics = metrics
+        self.clock = clock
+
+    # -- creating ----------------------------------------------------------------------
+    async def create(self, call: ClientRequest) -> Answer:
+        previous = call.body.get("previous_response_id")
+        if isinstance(previous, str) and previous:
+            home = await self.homes.where(previous)
+            if home is not None:
+                if home.owner != call.key.alias:
+                    raise previous_not_found(previous)
+                call.home = home.domain
+        stored = call.body.get("store") is not False  # OpenAI: else kept nowhere
+        if stored and call.endpoint is not RESPONSES_COMPACT:  # a compaction is no response
+            call.on_response = partial(self._created, call.key.alias)
+        return await self.pipeline.handle(call)
+
+    def _created(self, owner: str, response_id: str, domain: str) -> None:
+        self.homes.remember(response_id, Home(domain, owner))
+
+    # -- following a stored response ------------------------------------------------------
+    async def follow(
+        self,
+        key: KeySpec,
+        request_id: str,
+        method: str,
+        response_id: str,
+        suffix: str = "",
+        query: str = "",
+    ) -> Relayed:
+        """Relay `method /v1/responses/{id}{suffix}?{query}` to the domain holding `id`."""
+        started = self.clock()
+        endpoint = f"responses{suffix.replace('/', '.')}.{method.lower()}"
+        status, domain_name = 404, "-"
+        try:
+            home = await self._home(key, response_id)
+            candidates = self._candidates(key, home)
+            path = f"/v1/responses/{response_id}{suffix}" + (f"?{query}" if query else "")
+            stream = parse_qs(query).get("stream", [""])[-1].lower() == "true"
+            relayed, domain_name = await self._first_holder(
+                candidates, path, method, stream, request_id, probing=home is None
+            )
+            status = relayed.status
+            if method == "DELETE" and status == 200:
+                self.homes.forget(response_id)
+            return relayed
+        except (NotFound, UpstreamFailed) as exc:
+            status = exc.status
+            raise
+        finally:
+            self._log(request_id, key, endpoint, domain_name, status, started)
+
+    async def _home(self, key: KeySpec, response_id: str) -> Home | None:
+        if not _ID.match(response_id):
+            raise _unknown(response_id)
+        home = await self.homes.where(response_id)
+        if home is not None and home.owner != key.alias:
+            raise _unknown(response_id)
+        return home
+
+    def _candidates(self, key: KeySpec, home: Home | None) -> list[Domain]:
+        domains = [d for d in self.pipeline.responders if key.domain in (None, d.name)]
+        if home is not None:
+            domains = [d for d in domains if d.name == home.domain]
+        return domains
+
+    async def _first_holder(
+        self,
+        candidates: list[Domain],
+        path: str,
+        method: str,
+        stream: bool,
+        request_id: str,
+        *,
+        probing: bool,
+    ) -> tuple[Relayed, str]:
+        """The first domain's answer that is not a 404 (each in turn when `probing`)."""
+        last: Relayed | None = None
+        failed: AttemptFailed | None = None
+        for i, domain in enumerate(candidates):
+            body = b"" if method == "POST" else None
+            try:
+                resp = await domain.client.send(
+                    path, body, stream=stream, request_id=request_id, method=method
+                )
+            except AttemptFailed as failure:
+                failed = failure
+                continue
+            relayed = await _relay(resp, stream, domain.name)
+            if relayed.status == 404 and probing and i + 1 < len(candidates):
+                last = relayed
+                continue
+            return relayed, domain.name
+        if last is not None:
+            return last, "-"
+        if failed is not None:
+            raise UpstreamFailed(f"no domain answered ({failed.reason})")
+        raise NotFound("no domain serves the Responses API for this key")
+
+    # -- counting input tokens -------------------------------------------------------------
+    async def input_tokens(self, key: KeySpec, raw: bytes, request_id: str) -> Relayed:
+        started = self.clock()
+        body = parse_json(raw)
+        asked = body.get("model") or self.pipeline.runtime.default_model
+        target = self.pipeline.target(key, asked) if isinstance(asked, str) else None
+        previous = body.get("previous_response_id")
+        home = None
+        if isinstance(previous, str) and previous:
+            home = await self.homes.where(previous)
+            if home is not None and home.owner != key.alias:
+                raise previous_not_found(previous)
+        candidates = self._candidates(key, home)
+        if target is not None:
+            candidates = [d for d in candidates if d.serves(target)]
+            body["model"] = target
+        data = orjson.dumps(body)
+        for domain in candidates:
+            try:
+                resp = await domain.client.send(
+                    "/v1/responses/input_tokens", data, stream=False, request_id=request_id
+                )
+            except AttemptFailed:
+                continue
+            relayed = await _relay(resp, False, domain.name)
+            if relayed.status in _NOT_SERVED and b"previous_response_not_found" not in relayed.body:
+                continue
+            self._log(request_id, key, "responses.input_tokens", domain.name, 200, started)
+            return relayed
+        count = estimate.responses_prompt_tokens(
+            body.get("input"), body.get("instructions"), body.get("tools")
+        )
+        self._log(request_id, key, "responses.input_tokens", "-", 200, started)
+        return Relayed(
+            200,
+            orjson.dumps({"object": "response.input_tokens", "input_tokens": count}),
+            headers={"x-tokengate-estimated": "true"},
+        )
+
+    def _log(
+        self, request_id: str, key: KeySpec, endpoint: str, domain: str, status: int, t0: float
+    ) -> None:
+        seconds = self.clock() - t0
+        self.metrics.record_request(domain, None, status, seconds)
+        if access_log.isEnabledFor(logging.INFO):
+            fields = {
+                "request_id": request_id,
+                "key": key.alias,
+                "endpoint": endpoint,
+                "domain": domain,
+                "status": status,
+                "duration_ms": round(seconds * 1000, 2),
+            }
+            access_log.info("request", extra={"fields": fields})
+
+
+def _unknown(response_id: str) -> NotFound:
+    return NotFound(f"Response with id '{response_id[:200]}' not found.")
+
+
+async def _relay(resp: UpstreamResponse, stream: bool, domain: str) -> Relayed:
+    ctype = resp.headers.get("content-type", "application/json")
+    headers = {"x-tokengate-domain": domain}
+    if stream and resp.status == 200 and ctype.startswith("text/event-stream"):
+        return Relayed(200, b"", ctype, headers, resp.chunks(), resp.close)
+    try:
+        data = await resp.read()
+    finally:
+        await resp.close()
+    return Relayed(resp.status, data, ctype, headers)

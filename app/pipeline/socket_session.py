@@ -1,0 +1,275 @@
+"""The Responses API's WebSocket mode, one connection: `response.create` in, events out.
+
+As Codex CLI and OpenAI's docs use it (research: docs/contract.md, README "Responses
+API"): every client message is a JSON text frame; a `response.create` carries the body of
+a `POST /v1/responses` (without `stream`, which is implied) and is answered with the
+same events an SSE stream has, one per text frame, ending with `response.completed`,
+`response.incomplete` or `response.failed`. Requests on one connection are served one
+after the other.
+
+    response.create ─► generate: false ─► an id, nothing generated, nothing charged
+          │               (a warm-up: later requests may continue from it)
+          └► previous_response_id known to this connection?
+               yes: input = its input + its output items + the new items (the upstream is
+                    stateless HTTP, so the whole conversation is sent; `store: false`
+                    works, as OpenAI's connection-local cache makes it work)
+               no:  passed on as it came (a stored response: pinned to its domain)
+             └► one request through the pipeline (limits, queue, retries before the first
+                byte, fallback, metrics, ledger, access log), streamed back event by event;
+                a domain with `responses_websocket` gets it over this connection's own
+                upstream socket, as only the items its upstream does not hold yet
+                (`app/upstream/websocket.py`)
+
+A refusal before the stream starts (rate limit, queue full, upstream 4xx...) is an error
+event with the HTTP status the same request would have got: `{"type": "error", "status":
+429, "error": {...}, "headers": {"retry-after": ...}}` (Codex acts on `status` and
+`headers`; an error event without `status` it would ignore until its idle timeout).
+
+Per connection the session keeps the last few responses (`websocket_cached_responses`):
+their input and output item lists share the items of the ones before, so the memory of
+a connection grows with its conversation, not with the number of its turns.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamRejected
+from app.metrics import Metrics
+from app.pipeline.answer import StreamAnswer
+from app.pipeline.request import RESPONSES_SOCKET
+from app.pipeline.responses import ResponsesService
+from app.pipeline.wire import parse_call
+from app.runtime import KeySpec
+from app.upstream.streaming import RESPONSES_TERMINAL
+from app.upstream.websocket import UpstreamSockets
+
+Send = Callable[[str], Awaitable[None]]
+# Client events that need no answer (Codex's acknowledgement, behind a feature flag).
+_QUIET = frozenset({"response.processed"})
+# Fields of `response.create` that are the socket's, not a Responses API body's.
+_SOCKET_ONLY = ("type", "generate", "stream_id")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What a later request on this connection may continue from."""
+
+    items: list[Any]  # the whole input it was generated from
+    output: list[Any]  # the items it produced (`response.output_item.done`)
+
+
+class SocketSession:
+    """`authenticate` is asked again for every request, so a key that expires, or is
+    removed by a reload, stops working on a connection opened before."""
+
+    def __init__(
+        self,
+        service: ResponsesService,
+        authenticate: Callable[[], KeySpec],
+        headers: Mapping[str, str],
+        metrics: Metrics,
+        *,
+        cached: int,
+        max_body: int,
+        new_request_id: Callable[[], str],
+        sockets: UpstreamSockets | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.service = service
+        self.sockets = sockets
+        self.authenticate = authenticate
+        self.max_body = max_body
+        self.headers = headers
+        self.metrics = metrics
+        self.turns: OrderedDict[str, Turn] = OrderedDict()
+        self.cached = cached
+        self.new_request_id = new_request_id
+        self.clock = clock
+
+    async def handle(self, text: str, send: Send) -> None:
+        """Answer one client message (all its events are sent before this returns)."""
+        started = self.clock()
+        try:
+            message = _message(text)
+            kind = message.get("type")
+            if kind in _QUIET:
+                self.metrics.record_socket_message("ignored")
+                return
+            if kind != "response.create":
+                raise InvalidRequest(
+                    f"unsupported event type {str(kind)[:64]!r}; send 'response.create'",
+                    param="type",
+                    code="unknown_event_type",
+                )
+            if message.get("background") is True:
+                raise InvalidRequest(
+                    "background responses are not supported in WebSocket mode",
+                    param="background",
+                )
+            body, items = self._body(message)
+            if message.get("generate") is False:
+                self.metrics.record_socket_message("warmup")
+                await self._warm_up(body, items, send)
+                return
+            self.metrics.record_socket_message("create")
+            await self._create(body, items, started, send)
+        except GatewayError as exc:
+            self.metrics.record_socket_message("refused")
+            await send(_error_frame(exc))
+
+    async def close(self) -> None:
+        """The client connection ended: its upstream sockets end with it."""
+        if self.sockets is not None:
+            await self.sockets.close()
+
+    def _body(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        """The HTTP body of a `response.create`, with the conversation expanded when it
+        continues a response of this connection; and that whole input."""
+        body = {k: v for k, v in message.items() if k not in _SOCKET_ONLY}
+        items = _items(body.get("input"))
+        previous = body.get("previous_response_id")
+        turn = self.turns.get(previous) if isinstance(previous, str) else None
+        if turn is not None:
+            items = [*turn.items, *turn.output, *items]
+            del body["previous_response_id"]
+        body["input"] = items
+        body["stream"] = True
+        return body, items
+
+    def _keep(self, response_id: str, turn: Turn) -> None:
+        self.turns[response_id] = turn
+        while len(self.turns) > self.cached:
+            self.turns.popitem(last=False)
+
+    async def _warm_up(self, body: dict[str, Any], items: list[Any], send: Send) -> None:
+        """`generate: false`: nothing goes upstream; the id lets the next request send only
+        what is new."""
+        response_id = f"resp_{uuid.uuid4().hex}"
+        self._keep(response_id, Turn(items, []))
+        response: dict[str, Any] = {
+            "id": response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "in_progress",
+            "model": body.get("model"),
+            "output": [],
+            "usage": None,
+        }
+        await send(_frame({"type": "response.created", "response": response, "sequence_number": 0}))
+        done = {**response, "status": "completed"}
+        await send(_frame({"type": "response.completed", "response": done, "sequence_number": 1}))
+
+    async def _create(
+        self, body: dict[str, Any], items: list[Any], started: float, send: Send
+    ) -> None:
+        key = self.authenticate()
+        raw = orjson.dumps(body)
+        if len(raw) > self.max_body:  # what the same request over HTTP would get
+            raise PayloadTooLarge(
+                f"the conversation is {len(raw)} bytes, over the gateway's limit of "
+                f"{self.max_body} bytes (server.max_body_bytes)",
+                should_retry=False,
+            )
+        call = parse_call(RESPONSES_SOCKET, raw, key, self.new_request_id(), self.headers, started)
+        call.sockets = self.sockets
+        answer = await self.service.create(call)
+        if not isinstance(answer, StreamAnswer):  # stream is always set: a bug if not
+            raise InvalidRequest("the upstream did not stream the response")
+        output: list[Any] = []
+        final: dict[str, Any] | None = None
+        try:
+            async for chunk in answer.body():
+                for payload in _payloads(chunk):
+                    event = _tracked(payload)
+                    if event is not None:
+                        if event.get("type") == "response.output_item.done":
+                            output.append(event.get("item"))
+                        elif event.get("type") in RESPONSES_TERMINAL:
+                            final = event.get("response")
+                    await send(payload.decode())
+        finally:
+            await answer.aclose()  # settles as a client disconnect if the body did not end
+        if isinstance(final, dict) and final.get("status") in ("completed", "incomplete"):
+            response_id = final.get("id")
+            if isinstance(response_id, str):
+                self._keep(response_id, Turn(items, output))
+
+
+def _message(text: str) -> dict[str, Any]:
+    try:
+        message = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("the message is not valid JSON", code="invalid_json") from None
+    if not isinstance(message, dict):
+        raise InvalidRequest("the message must be a JSON object", code="invalid_json")
+    return message
+
+
+def _items(value: Any) -> list[Any]:
+    """`input` as a list of items (a string is one user message)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list):
+        return value
+    raise InvalidRequest(
+        "'input' must be a string or an array of input items", param="input", code="invalid_type"
+    )
+
+
+# Events whose content the session keeps (the quotes make them type names: a quote
+# inside a JSON string is escaped).
+_MARKS = (b'"response.output_item.done"', *(f'"{t}"'.encode() for t in RESPONSES_TERMINAL))
+
+
+def _tracked(payload: bytes) -> dict[str, Any] | None:
+    if not any(mark in payload for mark in _MARKS):
+        return None
+    try:
+        event = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _payloads(chunk: bytes) -> list[bytes]:
+    """The `data:` of each complete SSE event in `chunk` (the relay hands whole events)."""
+    out = []
+    for event in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
+        lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+        if lines:
+            out.append(b"\n".join(lines))
+    return out
+
+
+def _frame(event: dict[str, Any]) -> str:
+    return orjson.dumps(event).decode()
+
+
+def _error_frame(exc: GatewayError) -> str:
+    """OpenAI's WebSocket error event, with the status and headers of the HTTP answer the
+    same request would have had."""
+    error: Any = exc.body()["error"]
+    if isinstance(exc, UpstreamRejected):
+        try:
+            relayed = orjson.loads(exc.raw_body)
+        except orjson.JSONDecodeError:
+            relayed = None
+        if isinstance(relayed, dict) and isinstance(relayed.get("error"), dict):
+            error = relayed["error"]
+    frame = {
+        "type": "error",
+        "status": exc.status,
+        "error": error,
+        "headers": exc.response_headers(),
+    }
+    return orjson.dumps(frame).decode()

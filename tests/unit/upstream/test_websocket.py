@@ -1,0 +1,133 @@
+"""What goes over an upstream's own WebSocket: only the items its cache does not hold."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+from pydantic import SecretStr
+
+from app.runtime import DomainSpec
+from app.upstream.attempt import AttemptFailed, Reason
+from app.upstream.websocket import Turn, UpstreamSockets, incremental
+
+SYSTEM = {"role": "developer", "content": "be brief"}
+USER = {"role": "user", "content": "hi"}
+CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+OUTPUT = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+
+
+def body(*items: Any, **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "input": list(items), "stream": True, "store": False, **extra}
+
+
+def test_a_continued_conversation_sends_only_its_new_items() -> None:
+    last = Turn("resp_1", [SYSTEM, USER], [CALL])
+    message = incremental(last, body(SYSTEM, USER, CALL, OUTPUT))
+    assert message == {
+        "type": "response.create",
+        "model": "m",
+        "store": False,
+        "input": [OUTPUT],
+        "previous_response_id": "resp_1",
+    }  # and no `stream`: the socket implies it
+
+
+def test_anything_else_is_sent_whole() -> None:
+    last = Turn("resp_1", [SYSTEM, USER], [CALL])
+    edited = {**USER, "content": "hello"}
+    for fresh in (
+        incremental(None, body(SYSTEM, USER)),  # a new socket holds nothing
+        incremental(last, body(SYSTEM, edited, CALL, OUTPUT)),  # history rewritten
+        incremental(last, body(SYSTEM, USER, CALL)),  # nothing new to add
+        incremental(last, body(OUTPUT, previous_response_id="resp_0")),  # the client's own id
+    ):
+        assert fresh.get("previous_response_id") in (None, "resp_0")
+        assert len(fresh["input"]) >= 1 and "stream" not in fresh
+
+
+class FakeSocket:
+    """An upstream socket that answers each `response.create` with scripted frames."""
+
+    def __init__(self, script: list[list[dict[str, Any]]]) -> None:
+        self.script = script
+        self.sent: list[dict[str, Any]] = []
+        self.frames: list[str] = []
+        self.closed = False
+
+    async def send_str(self, data: str) -> None:
+        self.sent.append(json.loads(data))
+        self.frames = [json.dumps(f) for f in self.script.pop(0)]
+
+    async def receive(self, timeout: float) -> Any:
+        if not self.frames:
+            return SimpleNamespace(type=aiohttp.WSMsgType.CLOSE, data=None)
+        return SimpleNamespace(type=aiohttp.WSMsgType.TEXT, data=self.frames.pop(0))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeDialer:
+    def __init__(self, *sockets: FakeSocket) -> None:
+        self.sockets = list(sockets)
+        self.read_timeout = 1.0
+
+    async def open(self, spec: DomainSpec) -> FakeSocket | None:
+        return self.sockets.pop(0) if self.sockets else None
+
+
+SPEC = DomainSpec("up", "http://up", SecretStr("sk"), "K", None, 4, responses_websocket=True)
+
+
+def turn(rid: str, item: dict[str, Any]) -> list[dict[str, Any]]:
+    done = {"type": "response.completed", "response": {"id": rid, "status": "completed"}}
+    return [{"type": "response.output_item.done", "item": item}, done]
+
+
+async def drain(answer: Any) -> bytes:
+    return b"".join([chunk async for chunk in answer.chunks()])
+
+
+async def test_a_socket_carries_a_conversation_and_resends_it_whole_when_forgotten() -> None:
+    forgotten = {"type": "error", "status": 400, "error": {"code": "previous_response_not_found"}}
+    one = FakeSocket([turn("r1", CALL), [forgotten]])
+    two = FakeSocket([turn("r2", {"type": "message"})])
+    sockets = UpstreamSockets(FakeDialer(one, two))  # type: ignore[arg-type]
+    first = await sockets.send(SPEC, json.dumps(body(SYSTEM, USER)).encode())
+    assert first is not None and first.status == 200
+    out = await drain(first)
+    assert out.count(b"data: ") == 2 and first.complete
+    second = await sockets.send(SPEC, json.dumps(body(SYSTEM, USER, CALL, OUTPUT)).encode())
+    assert second is not None and second.status == 200
+    assert one.sent[1]["previous_response_id"] == "r1" and one.sent[1]["input"] == [OUTPUT]
+    assert one.closed and two.sent[0]["input"] == [SYSTEM, USER, CALL, OUTPUT]  # whole, fresh
+
+
+async def test_errors_are_statuses_and_a_cut_stream_a_reset() -> None:
+    limited = {
+        "type": "error",
+        "status": 429,
+        "error": {"code": "rate_limit_exceeded"},
+        "headers": {"Retry-After": "2"},
+    }
+    started = [{"type": "response.created", "response": {"id": "r"}}]
+    socket = FakeSocket([[limited], started])
+    sockets = UpstreamSockets(FakeDialer(socket))  # type: ignore[arg-type]
+    refused = await sockets.send(SPEC, json.dumps(body(USER)).encode())
+    assert refused is not None and (refused.status, refused.headers["retry-after"]) == (429, "2")
+    assert json.loads(await refused.read())["error"]["code"] == "rate_limit_exceeded"
+    cut = await sockets.send(SPEC, json.dumps(body(USER)).encode())
+    assert cut is not None
+    with pytest.raises(AttemptFailed) as broken:
+        await drain(cut)
+    assert broken.value.reason is Reason.RESET and socket.closed
+
+
+async def test_an_upstream_without_the_mode_is_left_to_http() -> None:
+    sockets = UpstreamSockets(FakeDialer())  # type: ignore[arg-type]
+    assert await sockets.send(SPEC, json.dumps(body(USER)).encode()) is None
+    assert await sockets.send(SPEC, json.dumps(body(USER)).encode()) is None  # remembered
