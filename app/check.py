@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from app.billing.prices import PriceList
 from app.config.errors import ConfigError
 from app.config.sources import ConfigFiles, load_settings, secret_environ
 from app.runtime import Runtime, compile_runtime
@@ -165,7 +166,7 @@ async def _verify(t: Target, wait_sec: float, runtime: Runtime | None) -> bool:
         try:
             steps += 1
             _say("  [2] GET /v1/models with the key")
-            await _models(client, t)
+            _unpriced(runtime, await _models(client, t))
             steps += 1
             _say(f"  [3] chat completion 'ping' (max_tokens 8) on model '{t.model}'")
             p, c = await _ping(client, t)
@@ -188,6 +189,28 @@ async def _verify(t: Target, wait_sec: float, runtime: Runtime | None) -> bool:
             _say(f"      FAILED: {diagnose(exc, t)}")
             return False
     return True
+
+
+def _unpriced(runtime: Runtime | None, models: list[str]) -> None:
+    """Warn about models without a price: their cost would be recorded as unknown."""
+    if runtime is None:
+        return
+    billing = runtime.settings.billing
+    missing = PriceList(billing.prices, billing.currency).unpriced(models)
+    if missing:
+        _say(
+            f"      warning: no price in billing.prices for {len(missing)} model(s): "
+            f"{', '.join(missing)} (their cost is recorded as unknown)"
+        )
+
+
+def configured_models(runtime: Runtime) -> list[str]:
+    """Models the configuration names: domains' lists, routes and alias targets."""
+    s = runtime.settings
+    named = {m for d in runtime.domains for m in (d.models or ())}
+    named |= {s.model_aliases.get(m, m) for m in (s.model_route.default, *runtime.fallbacks) if m}
+    named |= set(s.model_aliases.values())
+    return sorted(named)
 
 
 def _advice(runtime: Runtime | None) -> None:
@@ -254,6 +277,7 @@ def run_check(files: ConfigFiles, *, target: str | None, key: str | None) -> int
         else:
             names = ", ".join(f"{d.name} -> {d.api_base}" for d in runtime.domains)
             _say(f"      ok: {len(runtime.domains)} domain(s): {names}")
+            _unpriced(runtime, configured_models(runtime))
             if not settings.keys:
                 _say(
                     "      note: no gateway keys in `keys`: `tokengate serve` will refuse to "

@@ -1,4 +1,4 @@
-"""`tokengate serve | sim | check | keys new | config-reference | db ...`.
+"""`tokengate serve | sim | check | keys new | config-reference | db ... | usage`.
 
 argv -> config -> exit codes: 0 success, 1 a failed check or runtime failure, 2 bad
 configuration or usage, or a database that can not be used (one message naming file,
@@ -68,7 +68,24 @@ def _parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="the durable store: schema upgrades, backups, retention")
     _add_files(db)
     _add_db_commands(db)
+    _add_usage(sub.add_parser("usage", help="usage and cost of a running gateway, by period"))
     return parser
+
+
+def _add_usage(usage: argparse.ArgumentParser) -> None:
+    usage.add_argument(
+        "--since", default="7d", help="start: 7d, 24h, 90m, 2w, or an ISO date/instant (7d)"
+    )
+    usage.add_argument("--until", help="end (exclusive), same forms; default now")
+    usage.add_argument("--by", default="key", help="key, team, model, domain, or a,b (key)")
+    usage.add_argument("--granularity", choices=["hour", "day"], help="one row per period")
+    usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    usage.add_argument(
+        "--target",
+        default=os.environ.get("TOKENGATE_URL", "http://127.0.0.1:8080"),
+        help="the gateway's URL (default: $TOKENGATE_URL or http://127.0.0.1:8080)",
+    )
+    usage.add_argument("--admin-key", help="the admin key (default: $TOKENGATE_ADMIN_KEY)")
 
 
 def _add_db_commands(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +129,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "db":
         return _db(args)
+    if args.command == "usage":
+        from app.report import run as run_usage
+
+        return run_usage(args)
     if args.command == "config-reference":
         from app.config.reference import render
 

@@ -7,6 +7,7 @@
       dispatcher loop per domain           flush ledger, close store, database, upstreams
       health loop per domain
       housekeeping loop (1 s; ledger roll-up every minute)
+      budgets: spend of the current periods read back, then refreshed after each flush
 
 Every task the gateway runs is created here (or by a dispatcher it owns) and awaited
 on close; `spawn` is how other code hands over work that must outlive a cancelled
@@ -30,8 +31,11 @@ from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
+from app.billing.budgets import ZERO, Amount
+from app.billing.periods import Calendar
 from app.config.errors import ConfigError
 from app.db import migrate
+from app.db.budgets import BudgetOverride, BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
 from app.db.usage import UsageBook
@@ -44,6 +48,8 @@ from app.limits.bucket import Limits
 from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
+from app.limits.shared_spend import SharedSpend
+from app.limits.spend import OwnerView, SpendGate
 from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
@@ -86,13 +92,24 @@ class Gateway:
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
         self.store = store or self._build_store()
         self.db = Database(s.database, on_state=metrics.set_database_up)
-        self.ledger = Ledger(UsageBook(self.db), s.ledger, metrics=metrics)
+        self.calendar = Calendar(s.billing.timezone)
+        self.ledger = Ledger(UsageBook(self.db), s.ledger, metrics=metrics, calendar=self.calendar)
         self.overrides = OverrideBook(self.db)
+        self.spend_book = SpendBook(self.db)
+        self.budget_overrides = BudgetOverrideBook(self.db)
+        self.spend = SpendGate(runtime, self.calendar, metrics=metrics, spawn=self.spawn)
+        if self.store.shared:  # budgets decided in Redis, exact across replicas
+            prefix = s.redis.key_prefix
+            self.spend.shared = SharedSpend(
+                self.store.budget, prefix=prefix, replica=self.replica_id
+            )
         # Without Redis each of N workers enforces 1/N of every limit and every domain
         # quota: a limit never silently becomes N times larger.
         self.divisor = 1 if self.store.shared else max(1, runtime.workers)
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
-        self.admission = Admission(self.store, metrics, self.ledger, divisor=self.divisor)
+        self.admission = Admission(
+            self.store, metrics, self.ledger, divisor=self.divisor, spend=self.spend
+        )
         self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
@@ -194,6 +211,7 @@ class Gateway:
         await self.store.start()
         await migrate.prepare(self.db)  # `serve` checked it already; in-process callers too
         await self._load_overrides()
+        await self._load_budgets()  # a spent budget stays spent across restarts
         self._describe_limits()
         log.info("durable state (ledger, batches, live limits) in %s", self.db.where)
         self._warn_deprecated()
@@ -207,6 +225,7 @@ class Gateway:
         self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
         self._sync_gauges()
+        self._warn_unpriced()
 
     def _warn_deprecated(self) -> None:
         s = self.runtime.settings
@@ -219,6 +238,24 @@ class Gateway:
                     value,
                     self.db.where,
                 )
+
+    def unpriced_models(self) -> list[str]:
+        """Models some request may be served by (configured, routed, aliased or listed by
+        a domain) that have no price: their cost is recorded as unknown."""
+        models = self._configured_models() - set(self.runtime.settings.model_aliases)
+        for domain in self.domains:
+            models |= set(domain.models() or ())
+        return self.pipeline.prices.unpriced(models)
+
+    def _warn_unpriced(self) -> None:
+        missing = self.unpriced_models()
+        if missing:
+            log.warning(
+                "billing: no price for %d model(s), their cost is recorded as unknown: %s "
+                "(add them to billing.prices)",
+                len(missing),
+                ", ".join(missing),
+            )
 
     def _describe_limits(self) -> None:
         if self.store.shared:
@@ -262,6 +299,12 @@ class Gateway:
         )
         self.keys = KeyIndex(new.keys, enabled=new.auth_enabled, anonymous=_anonymous(new.settings))
         self.pipeline.configure(self.runtime)
+        self.spend.configure(self.runtime)
+        if new.settings.billing.timezone != self.calendar.timezone:
+            notes.append("billing.timezone changed: periods from now on are in the new zone")
+            self.calendar = Calendar(new.settings.billing.timezone)
+            self.ledger.calendar = self.spend.calendar = self.calendar
+            self.spend.windows_changed()
         self.metrics.add_models(self._configured_models())
         logging.getLogger("tokengate").setLevel(new.settings.logging.level.upper())
         self._check_routes()
@@ -412,6 +455,8 @@ class Gateway:
             self._sync_gauges()
             await self._load_overrides()
             await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
+            await self._load_budget_overrides()
+            await self.spend.renew()  # with Redis: holds of requests still running
             ticks += 1
             if ticks % LEDGER_MAINTENANCE_TICKS == 0:
                 await self._maintain_ledger()
@@ -428,8 +473,31 @@ class Gateway:
         for alias, o in found.items():
             self.admission.overrides[alias] = Limits(o.requests_per_minute, o.tokens_per_minute)
 
+    async def _load_budgets(self) -> None:
+        await self._load_budget_overrides()
+        await self._refresh_spend()
+
+    async def _load_budget_overrides(self) -> None:
+        """Budgets raised on any replica (admin API), applied here within a second."""
+        try:
+            self.spend.set_overrides(await self.budget_overrides.load(time.time()))
+        except DatabaseUnavailable:
+            return
+        except Exception as exc:
+            log.error("reading budget overrides failed: %r", exc)
+
+    async def _refresh_spend(self) -> None:
+        """Every replica's settled spend of the current periods (after each flush)."""
+        try:
+            await self.spend.refresh(self.ledger, self.spend_book)
+        except DatabaseUnavailable:
+            return  # keep counting here; the database's state is in /health/ready
+        except Exception as exc:
+            log.error("reading budget spend failed: %r", exc)
+
     async def _maintain_ledger(self) -> None:
         try:
+            await self.spend_book.prune()
             moved = await self.ledger.maintain()
         except DatabaseUnavailable:
             return
@@ -451,6 +519,7 @@ class Gateway:
                 pass
             except Exception as exc:
                 log.error("ledger flush failed (kept for the next flush): %r", exc)
+            await self._refresh_spend()
 
     def render_metrics(self) -> bytes:
         """The exposition, with this process's gauges read at this instant."""
@@ -504,6 +573,43 @@ class Gateway:
         self.admission.overrides[key.alias] = limits
         log.warning("limits of key %s set live to %s", key.alias, limits)
         return limits
+
+    async def set_budget(self, override: BudgetOverride) -> None:
+        """A temporary budget limit (admin API): durable, and applied by every replica
+        and worker within a second (each reads `budget_overrides` in its housekeeping)."""
+        await self.budget_overrides.save(override)
+        await self._load_budget_overrides()
+        log.warning(
+            "budget %s %s %s %s set live to %d until %s",
+            override.scope,
+            override.owner,
+            override.period,
+            override.metric,
+            override.limit,
+            self.calendar.describe(override.until),
+        )
+
+    async def budget_view(self) -> list[OwnerView]:
+        """Every key's and team's spend of the current periods and its budgets: the
+        durable spend of every replica plus this one's unflushed rows, read now."""
+        runtime, now = self.runtime, time.time()
+        owners = [("key", k.alias) for k in runtime.keys]
+        owners += [("team", t.name) for t in runtime.teams]
+        ids = [w.id for w in self.spend.windows(now).values()]
+        async with self.ledger.lock:
+            durable = await self.spend_book.read(ids, owners)
+            spent = self.ledger.unflushed_spend()
+        for k, (cost, tokens) in durable.items():
+            had = spent.get(k, ZERO)
+            spent[k] = Amount(had.cost + cost, had.tokens + tokens)
+        return self.spend.view(owners, spent, now)
+
+    async def end_budget(
+        self, scope: str, owner: str, period: str | None, metric: str | None
+    ) -> int:
+        ended = await self.budget_overrides.end(scope, owner, period, metric)
+        await self._load_budget_overrides()
+        return ended
 
     def database_health(self) -> dict[str, object]:
         """The database's part of `/health/ready` (informational: the gateway serves without

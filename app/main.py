@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
-from app.api import admin, batches, errors, health, openai, stored_responses, ui
+from app.api import admin, batches, budgets, errors, health, openai, stored_responses, ui
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
@@ -73,6 +73,7 @@ def create_app(
     app.include_router(stored_responses.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    app.include_router(budgets.router)
     if runtime.settings.ui.enabled:
         ui.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

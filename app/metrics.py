@@ -255,6 +255,7 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._add_durable_state(r)
+        self._add_spend(r)
 
     def watch(self, board: StatusBoard | None) -> None:
         """Feed `board` (the status page's recent traffic) from the verbs below too."""
@@ -525,6 +526,51 @@ class Metrics:
 
     def record_ledger_dropped(self) -> None:
         self.ledger_dropped.inc()
+
+    # -- cost and budgets ----------------------------------------------------------------
+    def _add_spend(self, r: CollectorRegistry) -> None:
+        self.cost = Counter(
+            "tokengate_cost",
+            "Spend in billing.currency units (from billing.prices; failed attempts' tokens "
+            "included), by key and model. Exact figures are in the ledger (/admin/usage).",
+            ["key", "model"],
+            registry=r,
+        )
+        self.unpriced = Counter(
+            "tokengate_unpriced_requests",
+            "Requests that consumed tokens on a model without a price (cost unknown).",
+            ["model"],
+            registry=r,
+        )
+        self.budget_used = Gauge(
+            "tokengate_budget_used_ratio",
+            "Spend of a budget's current period over its limit (1 = spent), by scope "
+            "(key|team), name, period (day|week|month|total) and metric (cost|tokens).",
+            ["scope", "name", "period", "metric"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.budget_exceeded = Counter(
+            "tokengate_budget_exceeded",
+            "Requests refused because a budget had no room for them (429 budget_exceeded).",
+            ["scope", "name", "budget"],
+            registry=r,
+        )
+
+    def record_spend(self, key: str, model: str | None, nanos: int | None) -> None:
+        m = self.model_label(model)
+        if nanos is None:
+            self._child(self.unpriced, m).inc()
+        elif nanos:
+            self._child(self.cost, key, m).inc(nanos / 1e9)
+
+    def set_budget_used(
+        self, scope: str, name: str, period: str, metric: str, ratio: float
+    ) -> None:
+        self._child(self.budget_used, scope, name, period, metric).set(ratio)
+
+    def record_budget_exceeded(self, scope: str, name: str, budget: str) -> None:
+        self._child(self.budget_exceeded, scope, name, budget).inc()
 
     # -- exposition ---------------------------------------------------------------------
     def render(self) -> bytes:

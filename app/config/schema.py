@@ -11,7 +11,9 @@ Each `Field(description=...)` is also the README's configuration reference
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +24,9 @@ from app.kinds import ApiStyle, Priority
 PositiveInt = Annotated[int, Field(gt=0)]
 ReserveOutput = Literal["estimate", "max_tokens"]
 DomainName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+TeamName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+# Money per million tokens or per period, in `billing.currency`: exact decimals, never floats.
+Money = Annotated[Decimal, Field(ge=0, decimal_places=9, allow_inf_nan=False)]
 
 
 class Section(BaseModel):
@@ -297,6 +302,27 @@ class BreakerConfig(Section):
     )
 
 
+class BudgetConfig(Section):
+    period: Literal["day", "week", "month", "total"] = Field(
+        description="Calendar period the budget counts over, in `billing.timezone`: `day` "
+        "(from local midnight), `week` (ISO week, from Monday), `month` (from the 1st) or "
+        "`total` (never resets)."
+    )
+    max_cost: Money | None = Field(
+        None,
+        description="Most spend per period, in `billing.currency` (cost from `billing.prices`).",
+    )
+    max_tokens: PositiveInt | None = Field(
+        None, description="Most tokens per period (prompt + completion, cached counted once)."
+    )
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> BudgetConfig:
+        if self.max_cost is None and self.max_tokens is None:
+            raise ValueError("a budget needs `max_cost` or `max_tokens` (or both)")
+        return self
+
+
 class KeyConfig(Section):
     alias: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
@@ -318,6 +344,16 @@ class KeyConfig(Section):
     )
     expires_at: datetime | None = Field(
         None, description="After this instant (ISO 8601, UTC if no zone) the key gets 401."
+    )
+    team: TeamName | None = Field(
+        None,
+        description="The team (one of `teams`) this key belongs to: its spend also counts "
+        "against the team's budgets, and reports can group by team.",
+    )
+    budgets: list[BudgetConfig] = Field(
+        default_factory=list,
+        description="This key's budgets (`period` and `max_cost` and/or `max_tokens`); past one "
+        "the key gets 429 `budget_exceeded` until the period resets.",
     )
 
     @field_validator("key_sha256")
@@ -616,6 +652,59 @@ class ResponsesConfig(Section):
     )
 
 
+class PriceConfig(Section):
+    input: Money = Field(description="Price of a million prompt tokens (not cached).")
+    output: Money = Field(description="Price of a million completion tokens (reasoning included).")
+    cached_input: Money | None = Field(
+        None,
+        description="Price of a million prompt tokens read from the upstream's prompt cache; "
+        "unset: the `input` price.",
+    )
+    cache_write: Money | None = Field(
+        None,
+        description="Price of a million prompt tokens written to the prompt cache (Anthropic's "
+        "cache creation); unset: the `input` price.",
+    )
+
+
+class BillingConfig(Section):
+    currency: str = Field(
+        "USD",
+        pattern=r"^[A-Z]{3}$",
+        description="ISO 4217 code every price and `max_cost` is in (`USD`, `CNY`, ...).",
+    )
+    timezone: str = Field(
+        "UTC",
+        description="IANA time zone of the calendar periods (budgets' day/week/month, daily "
+        "reports), e.g. `Asia/Shanghai`.",
+    )
+    prices: dict[str, PriceConfig] = Field(
+        default_factory=dict,
+        description="Prices per model (the name after `model_aliases`), per million tokens: "
+        '`{"gpt-4o": {"input": 2.5, "output": 10, "cached_input": 1.25}}`. A model without '
+        "a price is warned about at start; its cost is recorded as unknown.",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {value!r}: use an IANA name such as UTC or Asia/Shanghai"
+            ) from None
+        return value
+
+
+class TeamConfig(Section):
+    name: TeamName = Field(description="Team name, referred to by keys' `team`.")
+    budgets: list[BudgetConfig] = Field(
+        default_factory=list,
+        description="The team's budgets: the spend of all its keys together.",
+    )
+
+
 class Settings(BaseSettings):
     """The whole configuration. Paths are bound by `app.config.sources.load_settings`."""
 
@@ -670,3 +759,7 @@ class Settings(BaseSettings):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
+    billing: BillingConfig = Field(default_factory=BillingConfig)
+    teams: list[TeamConfig] = Field(
+        default_factory=list, description="Teams: a name and its budgets; keys join with `team`."
+    )

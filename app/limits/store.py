@@ -18,7 +18,7 @@ once-a-second `housekeeping`, the store's part of `/health/ready` (`health`,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,6 +82,11 @@ class LimitStore(Protocol):
     async def replicas(self) -> dict[str, float]:
         """The other replicas sharing this store and when each last showed signs of life
         (unix seconds); none for a store of one process."""
+        ...
+
+    async def budget(self, keys: Sequence[str], args: Sequence[object]) -> Any | None:
+        """One call of `budget.lua` (budgets across replicas, shared_spend.py); None when
+        the store is not shared or did not answer."""
         ...
 
 
@@ -174,3 +179,6 @@ class MemoryStore:
 
     async def replicas(self) -> dict[str, float]:
         return {}
+
+    async def budget(self, keys: Sequence[str], args: Sequence[object]) -> Any | None:
+        return None  # budgets of one process live in its own tally

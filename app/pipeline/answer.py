@@ -36,7 +36,7 @@ class Finish(Protocol):
     """Settle the request's reservation and log it, exactly once; `failed` is the
     (prompt, completion) tokens of an interrupted stream."""
 
-    def __call__(self, status: int, *, failed: tuple[int, int]) -> None: ...
+    def __call__(self, status: int, *, failed: tuple[int, int]) -> object: ...
 
 
 @dataclass

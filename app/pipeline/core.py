@@ -10,7 +10,11 @@
                        head of the queue, slot again, attempts again (no retry spent)
                        upstream 429 insufficient_quota           429 at once
               └► answer: JSON (slot freed now) or stream (slot freed at its end)
-          └► finish: settle the reservation with real usage, metrics, one log line
+          └► finish: settle the reservation with real usage, price it, metrics, one log line
+
+Admission also holds the request's estimated cost against the key's and team's budgets
+(the prompt estimate at the model's input price and the output allowance at its output
+price); `finish` prices what was consumed (`app.billing.prices`) and settles to that.
 
 Everything after admission ends in `finish` exactly once, whatever happens (error,
 client disconnect, stream drop). No FastAPI here: handlers translate HTTP to a
@@ -25,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from itertools import chain
 
+from app.billing.prices import PriceList, Tokens, render
 from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
@@ -53,6 +58,7 @@ from app.pipeline.trace import Attempt, Trace
 from app.runtime import KeySpec, Runtime
 from app.status.recent import Failure
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
+from app.upstream.delivered import delivered_tokens
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.transport import UpstreamResponse
 from app.upstream.usage import Usage, parse_usage
@@ -100,6 +106,8 @@ class Pipeline:
         self.holds.configure(runtime.settings, runtime.default_model)
         self.affinity = runtime.settings.affinity.enabled
         self.sessions.load_factor = runtime.settings.affinity.load_factor
+        billing = runtime.settings.billing
+        self.prices = PriceList(billing.prices, billing.currency)
         # Domains by the API they speak (anthropic or not), looked up per request.
         self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
         self.responders = [d for d in self.speaking[False] if d.spec.responses]
@@ -148,7 +156,8 @@ class Pipeline:
         trace = self._trace(call)
         try:
             requested, first = self._plan(call)
-            ticket = await self.admission.admit(call.key, self.holds.reservation(call))
+            cost = self.holds.reservation(call)
+            ticket = await self.admission.admit(call.key, cost, self._spend(call, requested, cost))
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
@@ -157,7 +166,9 @@ class Pipeline:
             lease = await self.holds.slot(call, trace)
             reply, domain, model, slot = await self._execute(call, requested, first, trace)
         except BaseException as exc:
-            self._finish(call, trace, ticket, _status_of(exc), exc=exc, lease=lease)
+            status = _status_of(exc)
+            failed = self._abandoned(call, trace, status)
+            self._finish(call, trace, ticket, status, exc=exc, failed=failed, lease=lease)
             raise
         trace.domain, trace.fallback = domain.name, model != requested
         if call.stream:
@@ -187,6 +198,41 @@ class Pipeline:
             raise
         self._log(trace, answer.status, None)
         return answer
+
+    # -- spend ------------------------------------------------------------------------
+    def _spend(self, call: ClientRequest, model: str, tokens: int) -> int | None:
+        """What the request may cost (nano-units): the prompt estimate at the input price,
+        the rest of its token reservation at the output price; None: no price."""
+        prompt = min(call.prompt_tokens, tokens)
+        return self.prices.cost(Tokens(prompt, tokens - prompt), model)
+
+    @staticmethod
+    def _abandoned(call: ClientRequest, trace: Trace, status: int) -> tuple[int, int]:
+        """The client left while the upstream had its (non-streamed) request: the upstream
+        read the prompt and charges for it, and nothing of the answer was delivered, so
+        the prompt estimate is what was consumed (flagged estimated)."""
+        if status == 499 and trace.attempts and trace.attempts[-1].outcome == "cancelled":
+            trace.estimated = True
+            return call.prompt_tokens, 0
+        return 0, 0
+
+    def _priced(self, call: ClientRequest, trace: Trace, failed: tuple[int, int]) -> int | None:
+        """The cost of what the request consumed (failed attempts' tokens included), at
+        the price of the model the gateway sent, else the one the upstream named."""
+        tokens = Tokens(
+            trace.prompt_tokens + failed[0],
+            trace.completion_tokens + failed[1],
+            trace.cached_tokens,
+            trace.cache_write_tokens,
+        )
+        if not (tokens.prompt or tokens.completion):
+            return 0  # nothing consumed costs nothing, priced or not
+        sent = trace.attempts[-1].model if trace.attempts else None
+        return self.prices.cost(tokens, sent, trace.model)
+
+    def spend_text(self, nanos: int | None) -> str:
+        """`x-tokengate-cost`: `0.000123 USD`, or `unknown` for a model without a price."""
+        return "unknown" if nanos is None else f"{render(nanos)} {self.prices.currency}"
 
     # -- model and plan -------------------------------------------------------------
     def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
@@ -452,8 +498,15 @@ class Pipeline:
         trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
         if call.endpoint.responses:
             self._responses_answer(call, trace, usage, domain)
-        self._finish(call, trace, ticket, 200, lease=lease)
-        headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
+        elif not usage.reported:  # a 200 without usage: count what it delivered
+            trace.prompt_tokens, trace.estimated = call.prompt_tokens, True
+            trace.completion_tokens = delivered_tokens(reply.first)
+        entry = self._finish(call, trace, ticket, 200, lease=lease)
+        headers = {
+            **ticket.headers(),
+            "x-tokengate-domain": domain.name,
+            "x-tokengate-cost": self.spend_text(entry.cost_nanos),
+        }
         ctype = reply.response.headers.get("content-type", "application/json")
         return JsonAnswer(200, reply.first, ctype, headers)
 
@@ -480,7 +533,7 @@ class Pipeline:
         exc: BaseException | None = None,
         failed: tuple[int, int] = (0, 0),
         lease: Lease | None = None,
-    ) -> None:
+    ) -> UsageEntry:
         """Settle, count and log; exactly once per admitted request."""
         if lease is not None:
             lease.release()
@@ -501,9 +554,15 @@ class Pipeline:
             domain=trace.domain or "-",
             cached_tokens=trace.cached_tokens,
             status=status,
+            team=call.key.team or "-",
+            cache_write_tokens=trace.cache_write_tokens,
+            estimated=trace.estimated,
+            cost_nanos=self._priced(call, trace, failed),
         )
         self.admission.settle(ticket, entry, dispatched=trace.dispatched)
+        self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
         self._log(trace, status, exc, entry)
+        return entry
 
     def _log(
         self,
@@ -536,7 +595,18 @@ class Pipeline:
                 )
             )
         if access_log.isEnabledFor(logging.INFO):
-            access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
+            fields = trace.fields(seconds * 1000)
+            # cost: a decimal string in `currency`, null when the model has no price; a
+            # request refused before admission consumed nothing
+            cost = 0 if usage is None else usage.cost_nanos
+            fields["cost"] = None if cost is None else render(cost)
+            fields["currency"] = self.prices.currency
+            fields["team"] = call_team(usage)
+            access_log.info("request", extra={"fields": fields})
+
+
+def call_team(usage: UsageEntry | None) -> str | None:
+    return None if usage is None or usage.team == "-" else usage.team
 
 
 def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> AttemptFailed:

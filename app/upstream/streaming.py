@@ -8,11 +8,11 @@ stream), and `usage`. When the gateway itself added `stream_options.include_usag
 the usage-only chunk (empty `choices`) is captured and not forwarded.
 
 Anthropic's Messages stream (`event:` lines) carries usage in `message_start` and
-`message_delta`; the same relay reads it, and the Responses API's typed events too:
-the response id and model in `response.created`, the usage in the terminal event
-(`response.completed`, `response.incomplete` or `response.failed`). In Anthropic's, a
-field `message_delta` sets (not null) wins over `message_start`'s, and the prompt is
-input + cache read + cache creation tokens (see usage.py: each prompt token once).
+`message_delta`; the same relay reads it. A field `message_delta` sets (not null) wins
+over `message_start`'s, and the prompt is input + cache read + cache creation tokens
+(see usage.py: each prompt token counted once). The Responses API's typed events are read
+too: the response id and model in `response.created`, the usage in the terminal event
+(`response.completed`, `response.incomplete` or `response.failed`).
 
 Tool calls count as generated text: OpenAI's `delta.tool_calls[].function.arguments`,
 Anthropic's `input_json_delta` (and `thinking_delta`), so the first token is timed
@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from app.limits.estimate import TextCounter
-from app.upstream.usage import anthropic_cache, cached_tokens
+from app.upstream.usage import anthropic_cache, cache_writes, cached_tokens
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
@@ -167,6 +167,7 @@ class SseRelay:
         if isinstance(usage, dict):
             self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
             self.cached_tokens = cached_tokens(usage)
+            self.cache_write_tokens = cache_writes(usage)
             if self.strip and not choices:
                 return False
         return True
@@ -211,24 +212,12 @@ class SseRelay:
         elif kind == "message_stop":
             self.done = True
 
-    def _take_anthropic_usage(self, usage: dict[str, Any]) -> None:
-        """Merge one usage object: fields present and not null replace earlier ones."""
-        if usage.get("input_tokens") is not None:
-            self._anthropic_input = _int(usage.get("input_tokens"))
-        if usage.get("output_tokens") is not None:
-            self._anthropic_output = _int(usage.get("output_tokens"))
-        read, write = anthropic_cache(usage)
-        if usage.get("cache_read_input_tokens") is not None:
-            self.cached_tokens = read
-        if usage.get("cache_creation_input_tokens") is not None:
-            self.cache_write_tokens = write
-        self.prompt_tokens = self._anthropic_input + self.cached_tokens + self.cache_write_tokens
-
     def _read_responses(self, kind: str, obj: dict[str, Any]) -> None:
         if kind in _RESPONSES_DELTAS:
             delta = obj.get("delta")
             if isinstance(delta, str) and delta:
-                self._add_text(delta)
+                self.saw_content = True
+                self.text.add(delta)
                 self._skim_deltas = True
             return
         if kind not in _RESPONSES_START and kind not in RESPONSES_TERMINAL:
@@ -246,6 +235,19 @@ class SseRelay:
             if isinstance(usage, dict):
                 self._take_usage(usage.get("input_tokens"), usage.get("output_tokens"))
                 self.cached_tokens = cached_tokens(usage)
+
+    def _take_anthropic_usage(self, usage: dict[str, Any]) -> None:
+        """Merge one usage object: fields present and not null replace earlier ones."""
+        if usage.get("input_tokens") is not None:
+            self._anthropic_input = _int(usage.get("input_tokens"))
+        if usage.get("output_tokens") is not None:
+            self._anthropic_output = _int(usage.get("output_tokens"))
+        read, write = anthropic_cache(usage)
+        if usage.get("cache_read_input_tokens") is not None:
+            self.cached_tokens = read
+        if usage.get("cache_creation_input_tokens") is not None:
+            self.cache_write_tokens = write
+        self.prompt_tokens = self._anthropic_input + self.cached_tokens + self.cache_write_tokens
 
     def _take_usage(self, prompt: Any, completion: Any) -> None:
         self.prompt_tokens = _int(prompt)

@@ -31,8 +31,8 @@ class Usage:
     model: str | None
     reported: bool = True
     cached: int = 0  # prompt tokens served from the upstream's prompt cache
-    cache_write: int = 0  # prompt tokens written to it (Anthropic's cache creation)
     response_id: str | None = None  # the Responses API's id of the answer
+    cache_write: int = 0  # prompt tokens written to it (Anthropic's cache creation)
 
 
 def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False) -> Usage:
@@ -51,9 +51,13 @@ def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False
     if anthropic:
         read, write = anthropic_cache(usage)
         prompt = _int(usage.get("input_tokens")) + read + write
-        return Usage(prompt, _int(usage.get("output_tokens")), model, True, read, write)
+        return Usage(
+            prompt, _int(usage.get("output_tokens")), model, cached=read, cache_write=write
+        )
     prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
-    return Usage(prompt, completion, model, cached=cached_tokens(usage))
+    return Usage(
+        prompt, completion, model, cached=cached_tokens(usage), cache_write=cache_writes(usage)
+    )
 
 
 def cached_tokens(usage: dict[str, Any]) -> int:
@@ -66,13 +70,6 @@ def cached_tokens(usage: dict[str, Any]) -> int:
         if isinstance(details, dict) and "cached_tokens" in details:
             return _int(details["cached_tokens"])
     return _int(usage.get("cache_read_input_tokens"))
-
-
-def anthropic_cache(usage: dict[str, Any]) -> tuple[int, int]:
-    """(cache read, cache creation) input tokens of an Anthropic usage object."""
-    return _int(usage.get("cache_read_input_tokens")), _int(
-        usage.get("cache_creation_input_tokens")
-    )
 
 
 def _responses_usage(obj: dict[str, Any], usage: object, model: str | None) -> Usage:
@@ -88,6 +85,20 @@ def _responses_usage(obj: dict[str, Any], usage: object, model: str | None) -> U
         model,
         cached=cached_tokens(usage),
         response_id=rid,
+    )
+
+
+def cache_writes(usage: dict[str, Any]) -> int:
+    """Prompt tokens written to OpenAI's cache (`prompt_tokens_details.cache_write_tokens`,
+    part of `prompt_tokens`, priced at `billing.prices.*.cache_write` when set)."""
+    details = usage.get("prompt_tokens_details")
+    return _int(details.get("cache_write_tokens")) if isinstance(details, dict) else 0
+
+
+def anthropic_cache(usage: dict[str, Any]) -> tuple[int, int]:
+    """(cache read, cache creation) input tokens of an Anthropic usage object."""
+    return _int(usage.get("cache_read_input_tokens")), _int(
+        usage.get("cache_creation_input_tokens")
     )
 
 
