@@ -93,8 +93,7 @@ def _start(group: Group, tmp: Path, plan: AffinityPlan, affinity: bool) -> str:
         **{SIM_KEY_ENV: subjects.UPSTREAM_KEY, "TAOTOKEN_API_KEY": subjects.UPSTREAM_KEY},
         TOKENGATE_LOGGING__OUTPUT=str(tmp / "gateway.log"),
         TOKENGATE_LOGGING__LEVEL="warning",
-        TOKENGATE_LEDGER__PATH=str(tmp / "ledger.sqlite3"),
-        TOKENGATE_BATCH__PATH=str(tmp / "batches.sqlite3"),
+        TOKENGATE_DATABASE__PATH=str(tmp / "tokengate.sqlite3"),
         TOKENGATE_AFFINITY__ENABLED="true" if affinity else "false",
     )
     port = free_port()
