@@ -147,6 +147,7 @@ class LimitsChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_minute: int | None = Field(None, gt=0)
+    max_concurrent: int | None = Field(None, gt=0)
 
 
 @router.put("/keys/{alias}/limits")
@@ -165,8 +166,11 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
             code="database_unavailable",
             retry_after=5.0,
         ) from None
+    if change.max_concurrent is not None:
+        await gateway.set_key_concurrency(key, change.max_concurrent)
     return {
         "alias": alias,
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
+        "max_concurrent": gateway.pipeline.holds.gate.cap(alias, key.max_concurrent),
     }

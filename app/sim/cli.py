@@ -59,6 +59,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-after", type=int, help="break streams off after N content chunks")
     p.add_argument("--no-record", action="store_true", help="do not keep request records")
     p.add_argument(
+        "--cache-entries",
+        type=int,
+        default=50_000,
+        help="prompt-cache prefixes it remembers (LRU; 0 = no prompt cache)",
+    )
+    p.add_argument(
+        "--cache-min-tokens",
+        type=int,
+        default=1024,
+        help="shortest prompt prefix it caches, in its own tokens (as the real APIs: 1024)",
+    )
+    p.add_argument(
         "--background-ms",
         type=float,
         default=300.0,
@@ -85,6 +97,8 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         quota_headers=args.quota_headers,
         balance=args.balance,
         record=not args.no_record,
+        cache_entries=args.cache_entries,
+        cache_min_tokens=args.cache_min_tokens,
         background_ms=args.background_ms,
         responses_websocket=args.responses_websocket,
         faults=Faults(
