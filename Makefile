@@ -40,14 +40,16 @@ system-deps: ## install redis-server, redis-sentinel, promtool, chromium and Pos
 	$(call apt,pg_ctlcluster:postgresql)
 
 # The Codex CLI the end-to-end tests drive (tests/e2e/test_codex_cli.py), pinned, kept
-# under .cache/ (gitignored) and reused. No npm registry: the tests say so and skip.
+# under .cache/ (gitignored) and reused. `make test` fails if it can not be installed (a
+# skipped agent test would hide a broken gateway); pytest run by hand skips without it.
 CODEX_VERSION := 0.171.0
 CODEX := .cache/npm/node_modules/.bin/codex
 
 codex-cli: ## install nodejs/npm (Debian) and the pinned Codex CLI when missing
-	-$(call apt,node:nodejs npm:npm)
-	@test -x $(CODEX) || npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error \
-	  @openai/codex@$(CODEX_VERSION) || echo "Codex CLI not installed (npm registry unreachable?): its tests will be skipped"
+	$(call apt,node:nodejs npm:npm)
+	@$(CODEX) --version 2>/dev/null | grep -q ' $(CODEX_VERSION)$$' || \
+	  npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error \
+	    @openai/codex@$(CODEX_VERSION)
 
 # Claude Code for its end-to-end test (tests/e2e/test_claude_code.py): pinned, because npm on
 # Node 20 silently picks an older release (newer ones declare engines.node >= 22; the CLI is

@@ -71,6 +71,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="shortest prompt prefix it caches, in its own tokens (as the real APIs: 1024)",
     )
     p.add_argument(
+        "--tool-calls",
+        choices=("auto", "named"),
+        default="auto",
+        help="answer every request that offers tools with a tool call (auto), or only when "
+        "tool_choice demands one or the prompt names a tool (named: for agents that send "
+        "their whole tool set on every turn)",
+    )
+    p.add_argument(
         "--background-ms",
         type=float,
         default=300.0,
@@ -99,6 +107,7 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         record=not args.no_record,
         cache_entries=args.cache_entries,
         cache_min_tokens=args.cache_min_tokens,
+        tool_calls=args.tool_calls,
         background_ms=args.background_ms,
         responses_websocket=args.responses_websocket,
         faults=Faults(

@@ -16,7 +16,7 @@ from typing import Any
 
 from app.sim import text
 from app.sim.cache import Rule, Segment, has_breakpoint
-from app.sim.tools import Tool, named
+from app.sim.tools import Tool, ToolMode, named
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,13 @@ class Prompt:
     answered: bool = False  # the last message is a tool's result: answer in text
     last_user_text: str = ""
 
-    @property
-    def wants_tool(self) -> bool:
-        """A call when tools are offered and allowed, no result is pending, and either
-        the request demands one or the user's last text names an offered tool."""
+    def wants_tool(self, mode: ToolMode = "auto") -> bool:
+        """A call when tools are offered and allowed and no result is pending; with mode
+        `named`, only if the request demands one or the user's last text names one."""
         if not self.tools or not self.tools_allowed or self.answered:
             return False
+        if mode == "auto":
+            return True
         return self.required or named(self.tools, self.last_user_text) is not None
 
 

@@ -238,7 +238,7 @@ def build(
     if kind in ("chat", "messages"):
         prompt = read_prompt(kind, body)
         tokens, seed = prompt.tokens, text.seed_of(body["messages"][-1].get("content"))
-        if prompt.wants_tool:
+        if prompt.wants_tool(knobs.tool_calls):
             call = choose(prompt.tools, prompt.forced, prompt.last_user_text)
         if cache is not None:
             use = cache.use(prompt.segments, prompt.rule)

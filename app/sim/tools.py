@@ -1,11 +1,13 @@
 """Deterministic tool calls, so an agent's round trip can be tried against the simulator.
 
-A request that offers tools gets a call of one of them when it demands one
-(`tool_choice` required / any / a named tool) or when the user's last text names one
-("Use Read on /tmp/x", "call get_weather"), unless its last message already carries a
-tool's result: then, as otherwise, it gets a text answer, so every round trip ends.
-(Agents send their whole tool set with every request, Claude Code a dozen tools even
-for "say hi": answering each with a call would send them down endless sub-tasks.)
+A request that offers tools (and does not say `tool_choice: none`) gets a call of one of
+them, unless its last message already carries a tool's result: then it gets a text
+answer, so every round trip ends in two requests. That is `--tool-calls auto`, the
+default. `--tool-calls named` calls a tool only when the request demands one
+(`tool_choice` required / any / a named tool) or the user's last text names one ("Use
+Read on /tmp/x", "call get_weather"): agents send their whole tool set with every
+request (Claude Code a dozen tools even for "say hi"), and answering each with a call
+sends them down sub-tasks, which a test of one prompt does not want.
 Which tool, and with which arguments, depends only on the request:
 
 - the tool the request forces, else the first tool whose name appears as a word (same
@@ -24,12 +26,13 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from app.sim import text
 
+ToolMode = Literal["auto", "named"]
 _PATH = re.compile(r"(?<![\w/])/[\w.\-/]+[\w/]")
 _WORD = re.compile(r"[A-Za-z_][\w-]*")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import ROOT, UPSTREAM_KEY, Gateway, GatewaySpec, Sim
+from tests.support.procs import ROOT, UPSTREAM_KEY, Gateway, GatewaySpec, Sim, start_sim
 
 Make = Callable[..., Gateway]
 CLAUDE = Path(
@@ -44,6 +44,21 @@ def claude_bin() -> Path:
     if not CLAUDE.exists():
         pytest.fail(f"Claude Code is not installed at {CLAUDE}: run `make claude-code`")
     return CLAUDE
+
+
+@pytest.fixture(scope="module")
+def _named_sim() -> Iterator[Sim]:
+    """A sim that calls a tool only when the prompt names one: Claude Code sends its whole
+    tool set on every turn, and a call for "say hi" would send it down sub-tasks."""
+    s = start_sim("--tool-calls", "named")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def sim(_named_sim: Sim) -> Sim:
+    _named_sim.clear()
+    return _named_sim
 
 
 @pytest.fixture

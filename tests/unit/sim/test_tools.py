@@ -118,12 +118,60 @@ async def test_chat_answers_in_text_once_the_tool_result_is_in(client: httpx.Asy
     assert r.json()["choices"][0]["finish_reason"] == "stop"
 
 
-async def test_a_call_needs_the_tool_named_or_demanded(client: httpx.AsyncClient) -> None:
-    """Agents send every tool on every request: an unrelated prompt gets text."""
+async def test_every_request_offering_tools_gets_a_call_by_default(
+    client: httpx.AsyncClient,
+) -> None:
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    body = {"model": "gpt-4o", "messages": ask, "tools": [WEATHER]}
+    r = await client.post("/v1/chat/completions", json=body, headers=KEY)
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    msgs = {"model": "claude-sonnet", "max_tokens": 99, "messages": ask, "tools": [BASH, READ]}
+    r = await client.post("/v1/messages", json=msgs, headers=KEY)
+    assert r.json()["stop_reason"] == "tool_use" and r.json()["content"][0]["name"] == "Bash"
+    responses = {
+        "model": "gpt-4o",
+        "input": "What is the weather?",
+        "tools": [
+            {"type": "function", **WEATHER["function"]}  # type: ignore[dict-item]
+        ],
+    }
+    r = await client.post("/v1/responses", json=responses, headers=KEY)
+    assert r.json()["output"][-1]["type"] == "function_call"
+
+
+@pytest.fixture
+async def named_client() -> AsyncIterator[httpx.AsyncClient]:
+    app = create_sim_app(SimKnobs(cache_min_tokens=0, tool_calls="named"))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://sim"
+    ) as c:
+        yield c
+
+
+async def test_named_mode_calls_only_a_tool_named_or_demanded(
+    named_client: httpx.AsyncClient,
+) -> None:
+    """Agents send every tool on every request: with --tool-calls named an unrelated
+    prompt gets text (as Claude Code's "say hi" needs, to stay one request)."""
+    client = named_client
     ask = [{"role": "user", "content": "say hi"}]
     body = {"model": "gpt-4o", "messages": ask, "tools": [WEATHER]}
     r = await client.post("/v1/chat/completions", json=body, headers=KEY)
     assert r.json()["choices"][0]["finish_reason"] == "stop"
+    responses = {
+        "model": "gpt-4o",
+        "input": "say hi",
+        "tools": [
+            {"type": "function", **WEATHER["function"]}  # type: ignore[dict-item]
+        ],
+    }
+    r = await client.post("/v1/responses", json=responses, headers=KEY)
+    assert r.json()["output"][-1]["type"] == "message"
+    named = {**responses, "input": "call get_weather please"}
+    r = await client.post("/v1/responses", json=named, headers=KEY)
+    assert r.json()["output"][-1]["name"] == "get_weather"
     r = await client.post(
         "/v1/chat/completions", json={**body, "tool_choice": "required"}, headers=KEY
     )
