@@ -44,6 +44,7 @@ from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.dispatch.homes import LocalHomes, ResponseHomes
+from app.errors import Conflict
 from app.limits.admission import Admission
 from app.limits.bucket import Limits
 from app.limits.ledger import Ledger
@@ -497,6 +498,7 @@ class Gateway:
                 log.error("housekeeping failed (tried again in a second): %r", exc)
             self._sync_gauges()
             await self._load_overrides()
+            await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
             await self._load_budget_overrides()
             await self.spend.renew()  # with Redis: holds of requests still running
             ticks += 1
@@ -594,6 +596,19 @@ class Gateway:
         seen[self.replica_id] = time.time()
         return seen
 
+    async def set_key_concurrency(self, key: KeySpec, cap: int) -> int:
+        """A live `max_concurrent` (admin API), shared with every replica through Redis."""
+        if not self.pipeline.holds.gate.slots.shared and self.runtime.workers > 1:
+            raise Conflict(
+                "with --workers N and no Redis each worker counts its own slots, so a live "
+                "max_concurrent would reach one worker only: set TOKENGATE_REDIS_URL, or edit "
+                "settings.json and send SIGHUP",
+                code="not_shared",
+            )
+        await self.pipeline.holds.gate.set_cap(key.alias, cap)
+        log.warning("max_concurrent of key %s set live to %d", key.alias, cap)
+        return cap
+
     async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
         """A live per-key limit (admin API): durable, and enforced by every replica and
         worker within a second (each reads `key_overrides` in its housekeeping). It wins
@@ -677,4 +692,5 @@ def _anonymous(settings: Any) -> KeySpec:
         digests=(),
         tokens_per_minute=settings.rate_limit.tokens_per_minute,
         requests_per_minute=settings.rate_limit.requests_per_minute,
+        max_concurrent=settings.rate_limit.max_concurrent,
     )

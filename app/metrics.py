@@ -236,6 +236,7 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self._add_agent_metrics(r)
         self.sockets = Gauge(
             "tokengate_responses_websocket_connections",
             "Open Responses API WebSocket connections (Codex CLI's first choice).",
@@ -475,6 +476,42 @@ class Metrics:
 
     def set_route_unresolved(self, model: str, unresolved: bool) -> None:
         self._child(self.route_unresolved, model).set(1 if unresolved else 0)
+
+    # -- coding agents: prompt-cache affinity, per-key concurrency -------------------------
+    def _add_agent_metrics(self, r: CollectorRegistry) -> None:
+        self.affinity = Counter(
+            "tokengate_affinity",
+            "Requests of a conversation placed by prompt-cache affinity, by the domain "
+            "chosen and how: home (its domain), spill (its domain over the load bound), "
+            "failover (its domain unavailable).",
+            ["domain", "outcome"],
+            registry=r,
+        )
+        self.prompt_cache = Counter(
+            "tokengate_prompt_cache_tokens",
+            "Prompt tokens the upstream reported as read from (kind=read) or written to "
+            "(kind=write) its prompt cache, by domain; part of tokens_total{kind=prompt}.",
+            ["domain", "kind"],
+            registry=r,
+        )
+        self.key_waits = Counter(
+            "tokengate_key_concurrency_waits",
+            "Requests that waited for their key's max_concurrent, by outcome (granted | timeout).",
+            ["key", "outcome"],
+            registry=r,
+        )
+
+    def record_affinity(self, domain: str, outcome: str) -> None:
+        self._child(self.affinity, domain, outcome).inc()
+
+    def record_prompt_cache(self, domain: str, read: int, written: int) -> None:
+        if read:
+            self._child(self.prompt_cache, domain, "read").inc(read)
+        if written:
+            self._child(self.prompt_cache, domain, "write").inc(written)
+
+    def record_key_wait(self, key: str, outcome: str) -> None:
+        self._child(self.key_waits, key, outcome).inc()
 
     # -- durable state (the database and the usage ledger) ---------------------------------
     def _add_durable_state(self, r: CollectorRegistry) -> None:

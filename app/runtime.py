@@ -54,6 +54,8 @@ class KeySpec:
     models: frozenset[str] | None = None
     domain: str | None = None
     expires_at: datetime | None = None
+    reserve_output: str | None = None  # None: rate_limit.reserve_output
+    max_concurrent: int | None = None  # None: no cap
     team: str | None = None
     budgets: tuple[Budget, ...] = ()
 
@@ -244,7 +246,9 @@ def _keys(
                 )
             digests.add(digest)
         aliases.add(key.alias)
-        spec = _key_spec(key, limits.tokens_per_minute, limits.requests_per_minute)
+        spec = _key_spec(
+            key, limits.tokens_per_minute, limits.requests_per_minute, limits.max_concurrent
+        )
         budgets = _budgets("key", key.alias, key.budgets, f"{where}.budgets", problems, source)
         out.append(dataclasses.replace(spec, team=key.team, budgets=budgets))
     return out
@@ -292,7 +296,7 @@ def _budgets(
     return tuple(out)
 
 
-def _key_spec(key: KeyConfig, tpm: int, rpm: int) -> KeySpec:
+def _key_spec(key: KeyConfig, tpm: int, rpm: int, concurrent: int | None = None) -> KeySpec:
     expires = key.expires_at
     if expires is not None and expires.tzinfo is None:
         expires = expires.replace(tzinfo=UTC)
@@ -305,4 +309,6 @@ def _key_spec(key: KeyConfig, tpm: int, rpm: int) -> KeySpec:
         models=frozenset(key.models) if key.models is not None else None,
         domain=key.domain,
         expires_at=expires,
+        reserve_output=key.reserve_output,
+        max_concurrent=key.max_concurrent or concurrent,
     )

@@ -148,6 +148,7 @@ class LimitsChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_minute: int | None = Field(None, gt=0)
+    max_concurrent: int | None = Field(None, gt=0)
 
 
 def _key(gateway: Gateway, alias: str) -> KeySpec:
@@ -175,10 +176,13 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
         )
     except DatabaseUnavailable:
         raise _database_down() from None
+    if change.max_concurrent is not None:
+        await gateway.set_key_concurrency(key, change.max_concurrent)
     return {
         "alias": alias,
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
+        "max_concurrent": gateway.pipeline.holds.gate.cap(alias, key.max_concurrent),
     }
 
 

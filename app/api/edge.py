@@ -29,18 +29,21 @@ from app.pipeline.answer import Answer, JsonAnswer
 from app.pipeline.request import (
     CHAT,
     COMPLETIONS,
+    COUNT_TOKENS,
     EMBEDDINGS,
     MESSAGES,
     RESPONSES,
     RESPONSES_COMPACT,
     Endpoint,
 )
+from app.pipeline.session import SESSION_HEADERS
 from app.pipeline.wire import parse_call
 from app.upstream.client import forwardable
 
 log = logging.getLogger("tokengate.errors")
 ROUTES: dict[str, Endpoint] = {
-    e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES, RESPONSES_COMPACT)
+    e.path: e
+    for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, COUNT_TOKENS, RESPONSES, RESPONSES_COMPACT)
 }
 
 
@@ -98,12 +101,14 @@ class EdgeRoutes:
     async def _answer(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> Answer:
         started = time.perf_counter()
         gateway = self.gateway
-        authorization = api_key = None
+        authorization = api_key = session = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
             elif name == b"x-api-key":
                 api_key = value.decode("latin-1")
+            elif name in SESSION_HEADERS:
+                session = value.decode("latin-1")
         caller = gateway.keys.authenticate(authorization, api_key)
         note = scope["state"].get("access")
         if note is not None:
@@ -111,11 +116,14 @@ class EdgeRoutes:
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
+        call.session_header = session
         if gateway.tracer is not None:
             call.trace_context = _trace_headers(scope["headers"])
         if note is not None:
             note.model = call.model
         try:
+            if not endpoint.generates:
+                return await gateway.pipeline.count_tokens(call)
             if endpoint.responses:
                 return await gateway.responses.create(call)
             return await gateway.pipeline.handle(call)

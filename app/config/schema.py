@@ -22,6 +22,7 @@ from app.config.redis_target import RedisTarget, TargetError, parse_target
 from app.kinds import ApiStyle, Priority
 
 PositiveInt = Annotated[int, Field(gt=0)]
+ReserveOutput = Literal["estimate", "max_tokens"]
 DomainName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 TeamName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 # Money per million tokens or per period, in `billing.currency`: exact decimals, never floats.
@@ -216,6 +217,25 @@ class RateLimitConfig(Section):
         description="Completion tokens reserved at admission when a request sets no "
         "`max_tokens`; corrected to real usage when the answer ends.",
     )
+    reserve_output: ReserveOutput = Field(
+        "estimate",
+        description="Output tokens a request reserves at admission: `estimate` (a high "
+        "percentile, `output_percentile`, of the key's recent completions for that model, "
+        "capped by `max_tokens`; `default_max_tokens` until 5 are known) or `max_tokens` "
+        "(all of it, OpenAI's rule). Settled to real usage either way; per key too.",
+    )
+    output_percentile: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="Percentile of a key's last 100 completions (per model) reserved when "
+        "`reserve_output` is `estimate`.",
+    )
+    max_concurrent: PositiveInt | None = Field(
+        None,
+        description="Default most requests a key has in flight at once (streams count until "
+        "they end); more wait in the queue up to `max_queue_wait_ms`, then 503. Unset: no cap.",
+    )
 
 
 class RetryPolicyConfig(Section):
@@ -316,6 +336,12 @@ class KeyConfig(Section):
     priority: Priority = Field(Priority.NORMAL, description="Queue class: high, normal or low.")
     models: list[str] | None = Field(None, description="Models this key may use; unset = all.")
     domain: DomainName | None = Field(None, description="Pin this key to one domain.")
+    reserve_output: ReserveOutput | None = Field(
+        None, description="Overrides `rate_limit.reserve_output` for this key."
+    )
+    max_concurrent: PositiveInt | None = Field(
+        None, description="Overrides `rate_limit.max_concurrent` for this key."
+    )
     expires_at: datetime | None = Field(
         None, description="After this instant (ISO 8601, UTC if no zone) the key gets 401."
     )
@@ -340,6 +366,24 @@ class KeyConfig(Section):
 
     def digests(self) -> tuple[str, ...]:
         return (self.key_sha256,) if isinstance(self.key_sha256, str) else tuple(self.key_sha256)
+
+
+class AffinityConfig(Section):
+    enabled: bool = Field(
+        True,
+        description="Send the requests of one conversation to the same domain (its upstream "
+        "prompt cache then serves their shared prefix) while it is available and not "
+        "overloaded; off: the least expected wait.",
+    )
+    load_factor: float = Field(
+        1.25,
+        ge=1,
+        le=10,
+        description="A domain holding more than this many times its weighted share of the "
+        "active conversations takes no new ones (they go to their next choice); one request "
+        "of a conversation goes elsewhere while its domain has requests queued and is this "
+        "far over its share of the outstanding requests.",
+    )
 
 
 class RedisConfig(Section):
@@ -744,6 +788,7 @@ class Settings(BaseSettings):
         description="Client-facing model names mapped to upstream ids, applied before routing.",
     )
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    affinity: AffinityConfig = Field(default_factory=AffinityConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)

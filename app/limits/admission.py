@@ -1,7 +1,9 @@
 """Per-key admission: reserve at the door, settle when the answer ends.
 
-A request reserves 1 request and `prompt estimate + max_tokens` (or
-`rate_limit.default_max_tokens`) tokens. Refused -> 429 at once, nothing used.
+A request reserves 1 request and `prompt estimate + output allowance` tokens (the
+allowance: `max_tokens`, or an estimate from the key's recent answers, per
+`rate_limit.reserve_output`; the pipeline computes it). Refused -> 429 at once,
+nothing used.
 When the answer ends (success, error or client disconnect) `settle` moves the token
 reservation to what the upstream reported (or, for an interrupted stream, what was
 streamed), and hands the entry to the usage ledger (in memory at once, durable within
@@ -143,8 +145,9 @@ def _refusal(decision: Decision, limit: str, cost: int, limits: Limits) -> RateL
     headers = ratelimit_headers(decision)
     if decision.too_large:
         return RateLimited(
-            f"This request needs about {cost} tokens (prompt estimate + max_tokens), more than "
-            f"this key's whole allowance of {limits.tokens_per_minute} tokens per minute; "
+            f"This request needs about {cost} tokens (prompt estimate + the output reserved "
+            f"for it), more than this key's whole allowance of {limits.tokens_per_minute} "
+            "tokens per minute; "
             "lower max_tokens or shorten the prompt, or ask for a higher limit.",
             param="max_tokens",
             retry_after=60.0,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.limits.bucket import Bucket, Decision, Limits, Remaining, correct, decide
+from app.limits.concurrency import KeySlots, LocalSlots
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
@@ -67,6 +68,10 @@ class LimitStore(Protocol):
 
     async def save_override(self, key: str, limits: Limits) -> None:
         """Keep a live per-key limit where the other replicas will find it."""
+        ...
+
+    def key_slots(self) -> KeySlots:
+        """Where keys' `max_concurrent` slots are counted (shared when limits are)."""
         ...
 
     def peek(self, key: str, limits: Limits) -> Remaining | None:
@@ -165,6 +170,9 @@ class MemoryStore:
 
     async def save_override(self, key: str, limits: Limits) -> None:
         """Nothing to share: the admission's own overrides are the only copy."""
+
+    def key_slots(self) -> KeySlots:
+        return LocalSlots()
 
     def peek(self, key: str, limits: Limits) -> Remaining:
         return self.buckets.peek(key, limits)

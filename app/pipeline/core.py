@@ -30,6 +30,7 @@ from functools import partial
 from itertools import chain
 
 from app.billing.prices import PriceList, Tokens, render
+from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
 from app.dispatch.routing import rank, serving
@@ -42,12 +43,16 @@ from app.errors import (
     ServiceUnavailable,
 )
 from app.limits.admission import Admission, Ticket
+from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.limits.store import Spawn
 from app.metrics import Metrics
+from app.pipeline.aliases import Aliases
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
+from app.pipeline.count import count_tokens
 from app.pipeline.failure import client_error
+from app.pipeline.holds import KeyHolds
 from app.pipeline.request import ClientRequest, Endpoint
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import KeySpec, Runtime
@@ -84,6 +89,8 @@ class Pipeline:
         self.spawn = spawn
         self.clock = clock
         self.tracer = tracer  # None: tracing is off and costs an `is None` per call point
+        self.holds = KeyHolds(admission, metrics, spawn)
+        self.sessions = SessionTable()
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -98,8 +105,11 @@ class Pipeline:
             max_retry_after=policy.max_retry_after_ms / 1000,
             retry_unanswered=policy.retry_unanswered,
         )
-        self.aliases = runtime.settings.model_aliases
+        self.aliases = Aliases(runtime.settings.model_aliases)
         self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
+        self.holds.configure(runtime.settings, runtime.default_model)
+        self.affinity = runtime.settings.affinity.enabled
+        self.sessions.load_factor = runtime.settings.affinity.load_factor
         billing = runtime.settings.billing
         self.prices = PriceList(billing.prices, billing.currency)
         # Domains by the API they speak (anthropic or not), looked up per request.
@@ -112,17 +122,33 @@ class Pipeline:
 
     def target(self, key: KeySpec, asked: str) -> str:
         """The model `asked` resolves to (aliases), if `key` may use it."""
-        target = self.aliases.get(asked, asked)
+        target = self.aliases.resolve(asked, self._listed)
         if not self._allowed(key.models, asked, target):
             raise PermissionDenied(
                 f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
             )
         return target
 
+    def resolve(self, call: ClientRequest) -> tuple[str, str]:
+        """(the model asked for, the model to serve): the default route, then `target`;
+        400 without either."""
+        asked = call.model or self.runtime.default_model
+        if not asked:
+            raise InvalidRequest(
+                "you must provide a model parameter (no model_route.default is configured)",
+                param="model",
+                code="missing_model",
+            )
+        return asked, self.target(call.key, asked)
+
+    def _listed(self, model: str) -> bool:
+        """Some domain lists `model` (a pattern alias never hides a served model)."""
+        return any(model in (d.models() or ()) for d in self.domains)
+
     # -- the entry point ----------------------------------------------------------
-    async def handle(self, call: ClientRequest) -> Answer:
-        call.in_pipeline = True  # every way out of here writes the request's log line
-        trace = Trace(
+    def _trace(self, call: ClientRequest) -> Trace:
+        call.in_pipeline = True  # every way out from here writes the request's log line
+        return Trace(
             call.request_id,
             call.key.alias,
             call.endpoint.name,
@@ -130,6 +156,9 @@ class Pipeline:
             call.stream,
             call.started or self.clock(),
         )
+
+    async def handle(self, call: ClientRequest) -> Answer:
+        trace = self._trace(call)
         if self.tracer is not None:
             trace.span = self.tracer.request(
                 call.endpoint.name,
@@ -142,21 +171,23 @@ class Pipeline:
             )
         try:
             requested, first = self._plan(call)
-            cost = call.cost(self.default_max_tokens)
+            cost = self.holds.reservation(call)
             ticket = await self.admission.admit(call.key, cost, self._spend(call, requested, cost))
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
+        lease = None
         try:
+            lease = await self.holds.slot(call, trace)
             reply, domain, model, slot = await self._execute(call, requested, first, trace)
         except BaseException as exc:
             status = _status_of(exc)
             failed = self._abandoned(call, trace, status)
-            self._finish(call, trace, ticket, status, exc=exc, failed=failed)
+            self._finish(call, trace, ticket, status, exc=exc, failed=failed, lease=lease)
             raise
         trace.domain, trace.fallback = domain.name, model != requested
         if call.stream:
-            finish = partial(self._finish, call, trace, ticket)
+            finish = partial(self._finish, call, trace, ticket, lease=lease)
             return StreamAnswer(
                 call,
                 trace,
@@ -169,7 +200,19 @@ class Pipeline:
                 clock=self.clock,
             )
         slot.release()
-        return self._json_answer(call, trace, ticket, reply, domain)
+        return self._json_answer(call, trace, ticket, reply, domain, lease)
+
+    async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
+        """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;
+        counted and logged like any answer."""
+        trace = self._trace(call)
+        try:
+            answer = await count_tokens(self, call, trace)
+        except GatewayError as exc:
+            self._log(trace, exc.status, exc)
+            raise
+        self._log(trace, answer.status, None)
+        return answer
 
     # -- spend ------------------------------------------------------------------------
     def _spend(self, call: ClientRequest, model: str, tokens: int) -> int | None:
@@ -210,15 +253,8 @@ class Pipeline:
     def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
         """The model to serve and the domains serving it; fallbacks are planned only when
         this one fails (`_fallbacks`)."""
-        asked = call.model or self.runtime.default_model
-        if not asked:
-            raise InvalidRequest(
-                "you must provide a model parameter (no model_route.default is configured)",
-                param="model",
-                code="missing_model",
-            )
+        asked, target = self.resolve(call)
         key = call.key
-        target = self.target(key, asked)
         domains = self.speakers(call.endpoint)
         if not domains and call.endpoint.responses:
             raise NotFound(
@@ -248,7 +284,7 @@ class Pipeline:
         domains = self.speakers(call.endpoint)
         key = call.key
         for name in self.runtime.fallbacks:
-            fb = self.aliases.get(name, name)
+            fb = self.aliases.resolve(name, self._listed)
             if fb == target or not self._allowed(key.models, name, fb):
                 continue
             candidates = serving(domains, fb, key.domain)
@@ -271,7 +307,7 @@ class Pipeline:
         for i, (model, candidates) in enumerate(plan):
             if i:
                 self.metrics.record_fallback(target, model)
-            ranked = rank(candidates)
+            ranked = self._order(call, candidates)
             if congested:
                 ranked = [d for d in ranked if d.name not in congested]
             if not ranked and last is None:
@@ -289,6 +325,15 @@ class Pipeline:
                     last = exc
                     congested.add(domain.name)
         raise self._final_error(last, trace)
+
+    def _order(self, call: ClientRequest, candidates: list[Domain]) -> list[Domain]:
+        """Best first: the conversation's domain (affinity), else the least wait."""
+        if len(candidates) < 2 or not self.affinity:
+            return rank(candidates)
+        ranked, placed = self.sessions.order(candidates, call.session)
+        if placed is not None:
+            self.metrics.record_affinity(ranked[0].name, placed)
+        return ranked
 
     async def _on_domain(
         self, call: ClientRequest, model: str, domain: Domain, trace: Trace
@@ -473,7 +518,13 @@ class Pipeline:
 
     # -- answers and accounting -------------------------------------------------------------
     def _json_answer(
-        self, call: ClientRequest, trace: Trace, ticket: Ticket, reply: Reply, domain: Domain
+        self,
+        call: ClientRequest,
+        trace: Trace,
+        ticket: Ticket,
+        reply: Reply,
+        domain: Domain,
+        lease: Lease | None = None,
     ) -> JsonAnswer:
         usage = reply.usage
         assert usage is not None
@@ -485,7 +536,7 @@ class Pipeline:
         elif not usage.reported:  # a 200 without usage: count what it delivered
             trace.prompt_tokens, trace.estimated = call.prompt_tokens, True
             trace.completion_tokens = delivered_tokens(reply.first)
-        entry = self._finish(call, trace, ticket, 200)
+        entry = self._finish(call, trace, ticket, 200, lease=lease)
         headers = {
             **ticket.headers(),
             "x-tokengate-domain": domain.name,
@@ -516,8 +567,16 @@ class Pipeline:
         *,
         exc: BaseException | None = None,
         failed: tuple[int, int] = (0, 0),
+        lease: Lease | None = None,
     ) -> UsageEntry:
         """Settle, count and log; exactly once per admitted request."""
+        if lease is not None:
+            lease.release()
+        self.holds.learn(call, trace, status)
+        if trace.cached_tokens or trace.cache_write_tokens:
+            self.metrics.record_prompt_cache(
+                trace.domain or "-", trace.cached_tokens, trace.cache_write_tokens
+            )
         model = trace.model or (trace.attempts[-1].model if trace.attempts else call.model) or "-"
         entry = UsageEntry(
             key=call.key.alias,

@@ -110,7 +110,8 @@ def test_every_printed_snippet_runs_as_printed(demo: Demo) -> None:
     assert '"choices"' in out[0] and '"completion_tokens":8' in out[0]  # curl
     assert "completion_tokens=8" in out[1]  # the OpenAI SDK
     assert "output_tokens=8" in out[2]  # the Anthropic SDK, on the same domain
-    assert "answer:" in out[3]  # the agent's round trip ran to its end
+    assert "tool call: get_time" in out[3]  # the sim asked for the tool (deterministic)
+    assert "answer:" in out[3]  # and the agent's round trip ran to its end
     assert '"status":"ready"' in out[4]
     assert 'status="200"' in out[5]
     assert "16/16 ok" in out[6] and out[6].rstrip().splitlines()[-1].startswith("OK")

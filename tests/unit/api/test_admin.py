@@ -61,7 +61,12 @@ async def test_live_limits_apply_to_a_known_alias(make_client: MakeClient) -> No
     client = await make_client({"admin_key": ADMIN_KEY, "keys": [ALICE]})
     r = await client.put("/admin/keys/alice/limits", headers=ADMIN, json={"requests_per_minute": 7})
     assert r.status_code == 200
-    assert r.json() == {"alias": "alice", "requests_per_minute": 7, "tokens_per_minute": 120000}
+    assert r.json() == {
+        "alias": "alice",
+        "requests_per_minute": 7,
+        "tokens_per_minute": 120000,
+        "max_concurrent": None,
+    }
     unknown = await client.put("/admin/keys/bob/limits", headers=ADMIN, json={})
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "alias"
 
