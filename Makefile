@@ -67,8 +67,10 @@ claude-code: ## install Claude Code (npm, pinned) for its e2e test; Node/npm fro
 bench-deps: system-deps ## also install nginx and wrk (Debian packages) when missing
 	$(call apt,nginx:nginx wrk:wrk)
 
-demo: install ## run the simulated upstream + the gateway on the shipped config, print a snippet
-	$(BIN)/python -m app.demo
+PORT ?= 8080
+SIM_PORT ?= 9090
+demo: install ## the gateway on the shipped config against the simulator (PORT=8080 SIM_PORT=9090)
+	$(BIN)/python -m app.demo --port $(PORT) --sim-port $(SIM_PORT)
 
 test: install system-deps codex-cli claude-code ## install everything, then run the whole suite
 	$(BIN)/python -m pytest -q

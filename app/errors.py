@@ -3,6 +3,7 @@
     GatewayError                  status  type / code
     ├── InvalidRequest            400     invalid_request_error
     ├── AuthenticationFailed      401     authentication_error / invalid_api_key
+    │   └── KeyExpired            401     authentication_error / expired_api_key
     ├── PermissionDenied          403     permission_error / model_not_allowed
     │   └── ModelNotPriced        403     permission_error / model_not_priced
     ├── NotFound                  404     invalid_request_error / not_found
@@ -96,6 +97,17 @@ class AuthenticationFailed(GatewayError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class KeyExpired(AuthenticationFailed):
+    """A right key past its `expires_at`. Carries the key's alias (not a secret) so the
+    access log says whose key it was."""
+
+    code = "expired_api_key"
+
+    def __init__(self, message: str, *, alias: str) -> None:
+        super().__init__(message)
+        self.alias = alias
 
 
 class PermissionDenied(GatewayError):

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from app import tracing
 from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
@@ -34,6 +35,7 @@ from app.batch.store import BatchStore
 from app.billing.budgets import ZERO, Amount
 from app.billing.periods import Calendar
 from app.config.errors import ConfigError
+from app.config.schema import Settings
 from app.db import migrate
 from app.db.budgets import BudgetOverride, BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
@@ -54,6 +56,7 @@ from app.limits.store import LimitStore, MemoryStore
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
 from app.pipeline.responses import ResponsesService
+from app.reload import describe_reload, log_reload
 from app.runtime import DomainSpec, KeySpec, Runtime
 from app.status.board import StatusBoard
 from app.upstream.breaker import Breaker
@@ -110,7 +113,10 @@ class Gateway:
         self.admission = Admission(
             self.store, metrics, self.ledger, divisor=self.divisor, spend=self.spend
         )
-        self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
+        self.tracer = tracing.build(s.tracing, runtime.source)  # None unless tracing.enabled
+        self.pipeline = Pipeline(
+            runtime, self.domains, self.admission, metrics, self.spawn, tracer=self.tracer
+        )
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
         self.batch_store = BatchStore(self.db)
@@ -147,6 +153,7 @@ class Gateway:
 
     def _build_domain(self, spec: DomainSpec) -> Domain:
         s = self.runtime.settings
+        self.metrics.add_domain(spec.name)
         sched, policy = s.token_scheduler, s.retry_policy
         dispatcher = Dispatcher(
             spec.name,
@@ -271,28 +278,29 @@ class Gateway:
 
     # -- live reconfiguration ----------------------------------------------------------
     def reload(self, new: Runtime) -> list[str]:
-        """Apply a re-read configuration without dropping a request.
+        """Apply a re-read configuration without dropping a request; name every change.
 
         Requests already admitted finish with the objects they hold; new ones see the new
-        keys, limits, routes, aliases, retry policy, per-domain quotas and upstream keys.
-        Adding, removing or re-pointing a domain (`api_base`) needs a restart: such
-        changes are reported and left out, the rest is applied.
+        keys, limits, routes, aliases, retry policy, breaker thresholds, per-domain quotas,
+        upstream keys and dispatcher settings (`LIVE`). What a running process can not
+        change (adding, removing or re-pointing a domain, the listener, log file, stores,
+        timeouts of open pools...) is named as needing a restart and left out.
         """
-        notes: list[str] = []
+        notes = describe_reload(self.runtime, new)
         old = {d.name: d for d in self.domains}
         new_specs = {d.name: d for d in new.domains}
         for name in sorted(set(old) ^ set(new_specs)):
-            notes.append(f"domain {name!r} added or removed: restart to apply")
+            notes.append(f"restart needed: domain {name!r} added or removed")
         for name, domain in old.items():
             spec = new_specs.get(name)
             if spec is None:
                 continue
             if spec.api_base != domain.spec.api_base:
-                notes.append(f"domain {name!r} api_base changed: restart to apply")
+                notes.append(f"restart needed: domain {name!r} api_base changed")
                 spec = dataclasses.replace(spec, api_base=domain.spec.api_base)
             if spec.api_key.get_secret_value() != domain.spec.api_key.get_secret_value():
-                notes.append(f"domain {name!r}: upstream key rotated")
-            self._retune(domain, spec)
+                notes.append(f"applied: domain {name!r} upstream key rotated")
+            self._retune(domain, spec, new.settings)
         keep = {d.name for d in self.domains}
         self.runtime = dataclasses.replace(
             new, domains=tuple(d.spec for d in self.domains if d.name in keep)
@@ -308,15 +316,47 @@ class Gateway:
         self.metrics.add_models(self._configured_models())
         logging.getLogger("tokengate").setLevel(new.settings.logging.level.upper())
         self._check_routes()
-        return notes
+        self._sync_gauges()
+        return notes + self.shadowing_overrides()
 
-    def _retune(self, domain: Domain, spec: DomainSpec) -> None:
+    def _retune(self, domain: Domain, spec: DomainSpec, settings: Settings) -> None:
+        sched = settings.token_scheduler
         domain.spec = spec
         domain.client.rekey(spec)
-        domain.dispatcher.max_inflight = spec.max_inflight
+        domain.dispatcher.retune(
+            group_size=sched.batch_size,
+            group_window_ms=sched.batch_window_ms,
+            queue_capacity=sched.queue_capacity,
+            max_queue_wait_ms=sched.max_queue_wait_ms,
+            max_inflight=spec.max_inflight,
+            batch_share=settings.batch.share,
+        )
+        domain.breaker.cfg = settings.breaker  # thresholds; its window keeps its length
+        domain.budget.ratio = settings.retry_policy.budget_ratio
+        domain.budget.min_retries = settings.retry_policy.budget_min_retries
         state, new = domain.dispatcher.pacer.state, self._pace_state(spec)
         if (new.configured, new.window) != (state.configured, state.window):
             domain.dispatcher.pacer = self.store.pacer(spec.name, new)
+
+    def shadowing_overrides(self) -> list[str]:
+        """The live limits (admin API) that hide what the files say for a key: a reload
+        changes the files' values, and an override keeps winning until it is cleared."""
+        notes = []
+        for alias, live in sorted(self.admission.overrides.items()):
+            key = self.keys.by_alias.get(alias)
+            if key is None:
+                notes.append(f"live limits of {alias!r} kept for a key the files no longer have")
+                continue
+            files = Limits(key.requests_per_minute, key.tokens_per_minute)
+            if files != live:
+                notes.append(
+                    f"key {alias!r}: the live limits set through the admin API "
+                    f"(requests_per_minute={live.requests_per_minute}, "
+                    f"tokens_per_minute={live.tokens_per_minute}) shadow the files' "
+                    f"({files.requests_per_minute}, {files.tokens_per_minute}); "
+                    f"DELETE /admin/keys/{alias}/limits returns to the files"
+                )
+        return notes
 
     def request_reload(self) -> None:
         """SIGHUP: re-read the files; an invalid configuration is refused, the old one stays."""
@@ -331,7 +371,7 @@ class Gateway:
             log.error("reload refused, keeping the running configuration:\n%s", exc.render())
             return
         notes = self.reload(new)
-        log.warning("configuration reloaded%s", "".join(f"; {n}" for n in notes))
+        log_reload(notes)
 
     def begin_drain(self) -> None:
         if not self.draining:
@@ -372,6 +412,11 @@ class Gateway:
             await domain.client.close()
         if self.socket_dialer is not None:
             await self.socket_dialer.close()
+        if self.tracer is not None:
+            try:  # the spans still buffered leave now (blocking: in a thread)
+                await asyncio.to_thread(self.tracer.shutdown)
+            except Exception as exc:
+                log.error("trace export at shutdown failed: %r", exc)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -436,9 +481,8 @@ class Gateway:
         self._unresolved = unresolved
 
     async def _health_loop(self, domain: Domain) -> None:
-        interval = self.runtime.settings.health_check.interval_sec
-        while True:
-            await asyncio.sleep(interval)
+        while True:  # the interval is read each time: a reload may change it
+            await asyncio.sleep(self.runtime.settings.health_check.interval_sec)
             await self._probe(domain)
 
     async def _housekeeping(self) -> None:
@@ -470,8 +514,10 @@ class Gateway:
         except Exception as exc:
             log.error("reading live key limits failed: %r", exc)
             return
-        for alias, o in found.items():
-            self.admission.overrides[alias] = Limits(o.requests_per_minute, o.tokens_per_minute)
+        # The whole table: an override cleared on another replica goes here too.
+        self.admission.overrides = {
+            alias: Limits(o.requests_per_minute, o.tokens_per_minute) for alias, o in found.items()
+        }
 
     async def _load_budgets(self) -> None:
         await self._load_budget_overrides()
@@ -530,6 +576,7 @@ class Gateway:
         for d in self.domains:
             self.metrics.set_domain_state(d.name, d.healthy is not False, d.breaker.is_open)
             self.metrics.set_queue_depth(d.name, len(d.dispatcher.queue))
+            self.metrics.set_queue_capacity(d.name, d.dispatcher.queue.capacity)
             self.metrics.set_inflight(d.name, d.dispatcher.inflight)
             self.metrics.set_pace(d.name, d.dispatcher.pacer.rate())
 
@@ -564,7 +611,8 @@ class Gateway:
 
     async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
         """A live per-key limit (admin API): durable, and enforced by every replica and
-        worker within a second (each reads `key_overrides` in its housekeeping)."""
+        worker within a second (each reads `key_overrides` in its housekeeping). It wins
+        over the files until `clear_key_limits` (README, "Precedence")."""
         current = self.admission.overrides.get(key.alias) or Limits(
             key.requests_per_minute, key.tokens_per_minute
         )
@@ -573,6 +621,21 @@ class Gateway:
         self.admission.overrides[key.alias] = limits
         log.warning("limits of key %s set live to %s", key.alias, limits)
         return limits
+
+    async def clear_key_limits(self, key: KeySpec) -> Limits | None:
+        """Drop a live per-key limit: the key's limits are the files' again, on every
+        replica. Returns the override that was cleared (None: there was none)."""
+        cleared = self.admission.overrides.pop(key.alias, None)
+        await self.overrides.delete(key.alias)
+        if cleared is not None:
+            log.warning(
+                "live limits of key %s cleared: back to the files' (%d requests/min, "
+                "%d tokens/min)",
+                key.alias,
+                key.requests_per_minute,
+                key.tokens_per_minute,
+            )
+        return cleared
 
     async def set_budget(self, override: BudgetOverride) -> None:
         """A temporary budget limit (admin API): durable, and applied by every replica

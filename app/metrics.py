@@ -129,6 +129,20 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.queue_capacity = Gauge(
+            "tokengate_queue_capacity",
+            "Requests a domain's queue holds (token_scheduler.queue_capacity): alerts compare "
+            "tokengate_queue_depth with it.",
+            ["domain"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.queue_full = Counter(
+            "tokengate_queue_full",
+            "Requests refused with 503 queue_full because a domain's queue was at capacity.",
+            ["domain"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "tokengate_queue_wait_seconds",
             "Time a request waited for a dispatch slot.",
@@ -290,6 +304,14 @@ class Metrics:
         if self._ring is not None:
             self._ring.answered(status)
 
+    def record_refused(self, domain: str, model: str | None, status: int) -> None:
+        """A request refused before the pipeline planned it (bad key, body, method, route):
+        its answer is counted; its duration says nothing about any domain, so it is not
+        observed."""
+        self._child(self.requests, domain, self.model_label(model), str(status)).inc()
+        if self._ring is not None:
+            self._ring.answered(status)
+
     def record_answer(
         self, domain: str, model: str | None, usage: UsageLike, status: int, seconds: float
     ) -> None:
@@ -358,6 +380,17 @@ class Metrics:
         self._child(self.queue_wait, domain).observe(seconds)
         if self._ring is not None:
             self._ring.queue_wait(seconds)
+
+    def add_domain(self, domain: str) -> None:
+        """Start a domain's event counters at 0, so `rate()` and `increase()` see their
+        first event (a series that appears at 1 hides it)."""
+        self._child(self.queue_full, domain)
+
+    def record_queue_full(self, domain: str) -> None:
+        self._child(self.queue_full, domain).inc()
+
+    def set_queue_capacity(self, domain: str, capacity: int) -> None:
+        self._child(self.queue_capacity, domain).set(capacity)
 
     def set_queue_depth(self, domain: str, depth: int) -> None:
         self._child(self.queue_depth, domain).set(depth)

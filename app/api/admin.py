@@ -18,6 +18,7 @@ from app.db.engine import DatabaseUnavailable
 from app.db.usage import UsageQuery
 from app.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
 from app.gateway import Gateway
+from app.runtime import KeySpec
 
 router = APIRouter(prefix="/admin")
 
@@ -150,22 +151,31 @@ class LimitsChange(BaseModel):
     max_concurrent: int | None = Field(None, gt=0)
 
 
-@router.put("/keys/{alias}/limits")
-async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
+def _key(gateway: Gateway, alias: str) -> KeySpec:
     key = gateway.keys.by_alias.get(alias)
     if key is None:
         raise NotFound(f"no gateway key with alias '{alias}'", param="alias")
+    return key
+
+
+def _database_down() -> ServiceUnavailable:
+    return ServiceUnavailable(
+        "live limits are kept in the database, which is unreachable: try again, or edit "
+        "settings.json and send SIGHUP",
+        code="database_unavailable",
+        retry_after=5.0,
+    )
+
+
+@router.put("/keys/{alias}/limits")
+async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
+    key = _key(gateway, alias)
     try:
         limits = await gateway.set_key_limits(
             key, change.requests_per_minute, change.tokens_per_minute
         )
     except DatabaseUnavailable:
-        raise ServiceUnavailable(
-            "live limits are kept in the database, which is unreachable: try again, or edit "
-            "settings.json and send SIGHUP",
-            code="database_unavailable",
-            retry_after=5.0,
-        ) from None
+        raise _database_down() from None
     if change.max_concurrent is not None:
         await gateway.set_key_concurrency(key, change.max_concurrent)
     return {
@@ -173,4 +183,20 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
         "max_concurrent": gateway.pipeline.holds.gate.cap(alias, key.max_concurrent),
+    }
+
+
+@router.delete("/keys/{alias}/limits")
+async def clear_limits(alias: str, gateway: AdminDep) -> dict[str, object]:
+    """Clear a live override: the key's limits are the files' again (on every replica)."""
+    key = _key(gateway, alias)
+    try:
+        cleared = await gateway.clear_key_limits(key)
+    except DatabaseUnavailable:
+        raise _database_down() from None
+    return {
+        "alias": alias,
+        "cleared": cleared is not None,
+        "requests_per_minute": key.requests_per_minute,
+        "tokens_per_minute": key.tokens_per_minute,
     }

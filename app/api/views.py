@@ -46,6 +46,7 @@ def status(gateway: Gateway) -> dict[str, object]:
                 **d.status(),
                 "retry_budget": d.budget.snapshot(),
                 "queue_by_priority": d.dispatcher.queue.depth_by_priority(),
+                "dispatch": d.dispatcher.settings(),
             }
             for d in gateway.domains
         },

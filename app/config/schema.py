@@ -652,6 +652,43 @@ class ResponsesConfig(Section):
     )
 
 
+class TracingConfig(Section):
+    enabled: bool = Field(
+        False,
+        description="Export an OpenTelemetry trace of each request over OTLP/HTTP: a span per "
+        "request (GenAI attributes), one per queue wait and one per upstream attempt. Needs "
+        "`pip install 'tokengate[otel]'` (in the container image). Off: nothing is loaded.",
+    )
+    endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP traces URL, e.g. `http://collector:4318/v1/traces`. Unset: "
+        "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT` + "
+        "`/v1/traces`, else `http://localhost:4318/v1/traces`.",
+    )
+    service_name: str | None = Field(
+        None,
+        description="`service.name` of the spans. Unset: `OTEL_SERVICE_NAME`, else `tokengate`.",
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of requests traced. A client's `traceparent` decides for its own "
+        "requests (sampled or not), as W3C propagation expects.",
+    )
+    headers: SecretStr | None = Field(
+        None,
+        description="Headers of each export, `name=value,name2=value2` (a tracing service's "
+        "key): a secret, give it as `${VAR}` in settings.json or the environment. Unset: "
+        "`OTEL_EXPORTER_OTLP_TRACES_HEADERS` / `OTEL_EXPORTER_OTLP_HEADERS`.",
+    )
+    propagate: bool = Field(
+        True,
+        description="Send each upstream attempt's `traceparent` upstream, so an upstream that "
+        "traces joins the request's trace. Off: no trace header leaves the gateway.",
+    )
+
+
 class PriceConfig(Section):
     input: Money = Field(description="Price of a million prompt tokens (not cached).")
     output: Money = Field(description="Price of a million completion tokens (reasoning included).")
@@ -763,3 +800,4 @@ class Settings(BaseSettings):
     teams: list[TeamConfig] = Field(
         default_factory=list, description="Teams: a name and its budgets; keys join with `team`."
     )
+    tracing: TracingConfig = Field(default_factory=TracingConfig)

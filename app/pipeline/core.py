@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from itertools import chain
 
@@ -57,6 +57,7 @@ from app.pipeline.request import ClientRequest, Endpoint
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import KeySpec, Runtime
 from app.status.recent import Failure
+from app.tracing import AttemptSpan, RequestSpan, Tracer
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.delivered import delivered_tokens
 from app.upstream.retry import RetrySpec, call_with_retries
@@ -68,6 +69,7 @@ _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})
 access_log = logging.getLogger("tokengate.access")
 resend_log = logging.getLogger("tokengate.upstream")
 MAX_DOMAINS_PER_MODEL = 2
+NO_DOMAIN = "none"  # the `domain` of a request refused before any domain was chosen
 
 
 class Pipeline:
@@ -79,12 +81,14 @@ class Pipeline:
         metrics: Metrics,
         spawn: Spawn,
         clock: Callable[[], float] = time.perf_counter,
+        tracer: Tracer | None = None,
     ) -> None:
         self.domains = domains
         self.admission = admission
         self.metrics = metrics
         self.spawn = spawn
         self.clock = clock
+        self.tracer = tracer  # None: tracing is off and costs an `is None` per call point
         self.holds = KeyHolds(admission, metrics, spawn)
         self.sessions = SessionTable()
         self.configure(runtime)
@@ -143,6 +147,7 @@ class Pipeline:
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
+        call.in_pipeline = True  # every way out from here writes the request's log line
         return Trace(
             call.request_id,
             call.key.alias,
@@ -154,6 +159,16 @@ class Pipeline:
 
     async def handle(self, call: ClientRequest) -> Answer:
         trace = self._trace(call)
+        if self.tracer is not None:
+            trace.span = self.tracer.request(
+                call.endpoint.name,
+                call.endpoint.path,
+                call.model or self.runtime.default_model,
+                call.request_id,
+                call.max_tokens,
+                call.stream,
+                call.trace_context,
+            )
         try:
             requested, first = self._plan(call)
             cost = self.holds.reservation(call)
@@ -323,10 +338,12 @@ class Pipeline:
     async def _on_domain(
         self, call: ClientRequest, model: str, domain: Domain, trace: Trace
     ) -> tuple[Reply, Slot]:
+        trace.domain = domain.name  # the domain that answers, or the last one that refused
         queued = self.clock()
-        slot = await domain.dispatcher.acquire(
+        wait = domain.dispatcher.acquire(
             call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
         )
+        slot = await (wait if trace.span is None else _traced(trace.span, domain, wait))
         trace.queue_ms += (self.clock() - queued) * 1000
         body = call.body_for(model)
         domain.budget.record_request()
@@ -363,7 +380,8 @@ class Pipeline:
         self.metrics.record_throttled(domain.name, cooled)
         queued = self.clock()
         try:
-            return await domain.dispatcher.requeue(slot)
+            wait = domain.dispatcher.requeue(slot)
+            return await (wait if trace.span is None else _traced(trace.span, domain, wait))
         finally:
             trace.queue_ms += (self.clock() - queued) * 1000
 
@@ -375,10 +393,13 @@ class Pipeline:
         if trace.attempts:
             self._resending(call, domain, trace)
         t0 = self.clock()
+        span = None
+        if trace.span is not None:
+            span = trace.span.attempt(n, domain.name, model, domain.spec.api_base)
         try:
-            reply = await self._send(call, domain, body)
+            reply = await self._send(call, domain, body, span)
         except AttemptFailed as failure:
-            self._record_attempt(domain, trace, n, model, failure.reason, t0)
+            self._record_attempt(domain, trace, n, model, failure.reason, t0, span, failure.status)
             if failure.reason in _NOT_A_VERDICT:
                 domain.breaker.release_probe()  # says nothing of the upstream's health
                 if failure.reason is Reason.INSUFFICIENT_QUOTA:
@@ -387,10 +408,10 @@ class Pipeline:
                 domain.breaker.record(not failure.upstream_fault)
             raise
         except BaseException:
-            self._record_attempt(domain, trace, n, model, "cancelled", t0)
+            self._record_attempt(domain, trace, n, model, "cancelled", t0, span)
             domain.breaker.release_probe()
             raise
-        self._record_attempt(domain, trace, n, model, "ok", t0)
+        self._record_attempt(domain, trace, n, model, "ok", t0, span, reply.response.status)
         domain.breaker.record(True)
         if domain.quota_exhausted:
             domain.note_quota(False)
@@ -411,7 +432,9 @@ class Pipeline:
             previous.outcome,
         )
 
-    async def _send(self, call: ClientRequest, domain: Domain, body: bytes) -> Reply:
+    async def _send(
+        self, call: ClientRequest, domain: Domain, body: bytes, span: AttemptSpan | None = None
+    ) -> Reply:
         resp: UpstreamResponse | None = None
         if call.sockets is not None and domain.spec.responses_websocket:
             resp = await call.sockets.send(domain.spec, body)  # None: the upstream said no
@@ -421,7 +444,9 @@ class Pipeline:
                 body,
                 stream=call.stream,
                 request_id=call.request_id,
-                client_headers=call.client_headers,
+                client_headers=call.client_headers
+                if span is None
+                else span.outgoing(call.client_headers),
             )
         advertised = rate_headers(resp.headers)
         if resp.status != 429:
@@ -456,12 +481,22 @@ class Pipeline:
         self.metrics.record_cooldown(domain.name, cooled)
 
     def _record_attempt(
-        self, domain: Domain, trace: Trace, n: int, model: str, outcome: str, t0: float
+        self,
+        domain: Domain,
+        trace: Trace,
+        n: int,
+        model: str,
+        outcome: str,
+        t0: float,
+        span: AttemptSpan | None = None,
+        status: int | None = None,
     ) -> None:
         ms = (self.clock() - t0) * 1000
         trace.upstream_ms += ms
         trace.attempts.append(Attempt(n, domain.name, model, outcome, ms))
         self.metrics.record_attempt(domain.name, outcome)
+        if span is not None:
+            span.end(outcome, status)
 
     # -- errors --------------------------------------------------------------------------
     def _no_domain(self, model: str, candidates: list[Domain]) -> ServiceUnavailable:
@@ -577,7 +612,7 @@ class Pipeline:
         elif exc is not None:
             trace.error = type(exc).__name__
         seconds = self.clock() - trace.started
-        domain, model = trace.domain or "-", trace.model or trace.requested_model
+        domain, model = trace.domain or NO_DOMAIN, trace.model or trace.requested_model
         if usage is None:  # refused before admission: no tokens, no ledger entry
             self.metrics.record_request(domain, model, status, seconds)
         else:
@@ -603,10 +638,19 @@ class Pipeline:
             fields["currency"] = self.prices.currency
             fields["team"] = call_team(usage)
             access_log.info("request", extra={"fields": fields})
+        if trace.span is not None:
+            trace.span.end(trace, status)
 
 
 def call_team(usage: UsageEntry | None) -> str | None:
     return None if usage is None or usage.team == "-" else usage.team
+
+
+async def _traced(span: RequestSpan, domain: Domain, wait: Awaitable[Slot]) -> Slot:
+    """A wait for a dispatch slot, in a span of its own (tracing on only: off, the wait
+    is awaited directly, without this extra frame)."""
+    with span.queue(domain.name):
+        return await wait
 
 
 def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> AttemptFailed:

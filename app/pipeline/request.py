@@ -91,6 +91,10 @@ class ClientRequest:
     on_response: Callable[[str, str], None] | None = None
     # A client WebSocket's own upstream sockets (domains with responses_websocket).
     sockets: UpstreamSockets | None = None
+    # The client's W3C trace headers (read only while tracing is on), and whether the
+    # pipeline took the request (then it writes the request's access-log line itself).
+    trace_context: Mapping[str, str] | None = None
+    in_pipeline: bool = False
 
     @property
     def queue_class(self) -> QueueClass:

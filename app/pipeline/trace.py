@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.tracing import RequestSpan
+
 
 @dataclass
 class Attempt:
@@ -48,6 +50,7 @@ class Trace:
     estimated: bool = False
     fallback: bool = False
     attempts: list[Attempt] = field(default_factory=list)
+    span: RequestSpan | None = None  # only while tracing is on (`app.tracing`)
 
     @property
     def dispatched(self) -> bool:
@@ -60,7 +63,7 @@ class Trace:
             "endpoint": self.endpoint,
             "model": self.model or self.requested_model,
             "requested_model": self.requested_model,
-            "domain": self.domain,
+            "domain": self.domain or "none",
             "status": self.status,
             "error": self.error,
             "stream": self.stream,

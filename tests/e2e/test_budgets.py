@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +22,7 @@ import openai
 import pytest
 
 from app.limits.estimate import chat_prompt_tokens
-from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim
+from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim, free_port
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-test-key-0123456789"
@@ -263,7 +264,7 @@ def test_tokengate_usage_prints_a_table_csv_and_json(sim: Sim, make_gateway: Mak
 
 
 def test_models_without_a_price_are_named_by_check_and_at_start(
-    sim: Sim, make_gateway: Make
+    sim: Sim, make_gateway: Make, tmp_path: Path
 ) -> None:
     only_gpt = json.dumps({"gpt-4o": PRICES["gpt-4o"]})
     env = {
@@ -271,9 +272,13 @@ def test_models_without_a_price_are_named_by_check_and_at_start(
         "TAOTOKEN_API_KEY": sim.api_key,
         "TOKENGATE_API_ENDPOINT": sim.url,
         "TOKENGATE_BILLING__PRICES": only_gpt,
+        # what `serve` needs on this host, which check verifies too (issue #26)
+        "TOKENGATE_LOGGING__OUTPUT": "stderr",
+        "TOKENGATE_KEYS": json.dumps([{"alias": "a", "key_sha256": "a" * 64}]),
+        "TOKENGATE_DATABASE__PATH": str(tmp_path / "tokengate.sqlite3"),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "check"],
+        [sys.executable, "-m", "app.cli", "check", "--port", str(free_port())],
         cwd=ROOT,
         env=env,
         capture_output=True,
