@@ -11,7 +11,9 @@
 
 Every task the gateway runs is created here (or by a dispatcher it owns) and awaited
 on close; `spawn` is how other code hands over work that must outlive a cancelled
-request (settling a reservation after the client left).
+request (settling a reservation after the client left). What the admin API changes while
+it runs (limits, max_concurrent, budgets) is `live` (`app/live.py`), read back here every
+second.
 """
 
 from __future__ import annotations
@@ -32,27 +34,25 @@ from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
-from app.billing.budgets import ZERO, Amount
 from app.billing.periods import Calendar
 from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.db import migrate
-from app.db.budgets import BudgetOverride, BudgetOverrideBook, SpendBook
+from app.db.budgets import BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
 from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.dispatch.homes import LocalHomes, ResponseHomes
-from app.errors import Conflict
 from app.limits.admission import Admission
-from app.limits.bucket import Limits
 from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
 from app.limits.shared_spend import SharedSpend
-from app.limits.spend import OwnerView, SpendGate
+from app.limits.spend import SpendGate
 from app.limits.store import LimitStore, MemoryStore
+from app.live import LiveControls
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
 from app.pipeline.responses import ResponsesService
@@ -116,6 +116,18 @@ class Gateway:
         self.tracer = tracing.build(s.tracing, runtime.source)  # None unless tracing.enabled
         self.pipeline = Pipeline(
             runtime, self.domains, self.admission, metrics, self.spawn, tracer=self.tracer
+        )
+        # What the admin API changes live (limits, max_concurrent, budgets).
+        self.live = LiveControls(
+            lambda: self.runtime,
+            self.admission,
+            self.pipeline.holds.gate,
+            self.overrides,
+            self.budget_overrides,
+            self.spend,
+            self.spend_book,
+            self.ledger,
+            self.calendar,
         )
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
@@ -217,8 +229,8 @@ class Gateway:
     async def start(self) -> None:
         await self.store.start()
         await migrate.prepare(self.db)  # `serve` checked it already; in-process callers too
-        await self._load_overrides()
-        await self._load_budgets()  # a spent budget stays spent across restarts
+        await self.live.load()
+        await self.live.refresh_spend()  # a spent budget stays spent across restarts
         self._describe_limits()
         log.info("durable state (ledger, batches, live limits) in %s", self.db.where)
         self._warn_deprecated()
@@ -317,7 +329,7 @@ class Gateway:
         logging.getLogger("tokengate").setLevel(new.settings.logging.level.upper())
         self._check_routes()
         self._sync_gauges()
-        return notes + self.shadowing_overrides()
+        return notes + self.live.shadowing(self.keys.by_alias)
 
     def _retune(self, domain: Domain, spec: DomainSpec, settings: Settings) -> None:
         sched = settings.token_scheduler
@@ -337,26 +349,6 @@ class Gateway:
         state, new = domain.dispatcher.pacer.state, self._pace_state(spec)
         if (new.configured, new.window) != (state.configured, state.window):
             domain.dispatcher.pacer = self.store.pacer(spec.name, new)
-
-    def shadowing_overrides(self) -> list[str]:
-        """The live limits (admin API) that hide what the files say for a key: a reload
-        changes the files' values, and an override keeps winning until it is cleared."""
-        notes = []
-        for alias, live in sorted(self.admission.overrides.items()):
-            key = self.keys.by_alias.get(alias)
-            if key is None:
-                notes.append(f"live limits of {alias!r} kept for a key the files no longer have")
-                continue
-            files = Limits(key.requests_per_minute, key.tokens_per_minute)
-            if files != live:
-                notes.append(
-                    f"key {alias!r}: the live limits set through the admin API "
-                    f"(requests_per_minute={live.requests_per_minute}, "
-                    f"tokens_per_minute={live.tokens_per_minute}) shadow the files' "
-                    f"({files.requests_per_minute}, {files.tokens_per_minute}); "
-                    f"DELETE /admin/keys/{alias}/limits returns to the files"
-                )
-        return notes
 
     def request_reload(self) -> None:
         """SIGHUP: re-read the files; an invalid configuration is refused, the old one stays."""
@@ -497,49 +489,13 @@ class Gateway:
             except Exception as exc:  # one bad second must not end the upkeep for good
                 log.error("housekeeping failed (tried again in a second): %r", exc)
             self._sync_gauges()
-            await self._load_overrides()
+            await self.live.load_limits()
             await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
-            await self._load_budget_overrides()
+            await self.live.load_budget_overrides()
             await self.spend.renew()  # with Redis: holds of requests still running
             ticks += 1
             if ticks % LEDGER_MAINTENANCE_TICKS == 0:
                 await self._maintain_ledger()
-
-    async def _load_overrides(self) -> None:
-        """Live limits set on any replica (admin API), enforced here within a second."""
-        try:
-            found = await self.overrides.load()
-        except DatabaseUnavailable:
-            return  # keep the ones we have; the database's state is in /health/ready
-        except Exception as exc:
-            log.error("reading live key limits failed: %r", exc)
-            return
-        # The whole table: an override cleared on another replica goes here too.
-        self.admission.overrides = {
-            alias: Limits(o.requests_per_minute, o.tokens_per_minute) for alias, o in found.items()
-        }
-
-    async def _load_budgets(self) -> None:
-        await self._load_budget_overrides()
-        await self._refresh_spend()
-
-    async def _load_budget_overrides(self) -> None:
-        """Budgets raised on any replica (admin API), applied here within a second."""
-        try:
-            self.spend.set_overrides(await self.budget_overrides.load(time.time()))
-        except DatabaseUnavailable:
-            return
-        except Exception as exc:
-            log.error("reading budget overrides failed: %r", exc)
-
-    async def _refresh_spend(self) -> None:
-        """Every replica's settled spend of the current periods (after each flush)."""
-        try:
-            await self.spend.refresh(self.ledger, self.spend_book)
-        except DatabaseUnavailable:
-            return  # keep counting here; the database's state is in /health/ready
-        except Exception as exc:
-            log.error("reading budget spend failed: %r", exc)
 
     async def _maintain_ledger(self) -> None:
         try:
@@ -565,7 +521,7 @@ class Gateway:
                 pass
             except Exception as exc:
                 log.error("ledger flush failed (kept for the next flush): %r", exc)
-            await self._refresh_spend()
+            await self.live.refresh_spend()
 
     def render_metrics(self) -> bytes:
         """The exposition, with this process's gauges read at this instant."""
@@ -595,84 +551,6 @@ class Gateway:
         seen = await self.store.replicas()
         seen[self.replica_id] = time.time()
         return seen
-
-    async def set_key_concurrency(self, key: KeySpec, cap: int) -> int:
-        """A live `max_concurrent` (admin API), shared with every replica through Redis."""
-        if not self.pipeline.holds.gate.slots.shared and self.runtime.workers > 1:
-            raise Conflict(
-                "with --workers N and no Redis each worker counts its own slots, so a live "
-                "max_concurrent would reach one worker only: set TOKENGATE_REDIS_URL, or edit "
-                "settings.json and send SIGHUP",
-                code="not_shared",
-            )
-        await self.pipeline.holds.gate.set_cap(key.alias, cap)
-        log.warning("max_concurrent of key %s set live to %d", key.alias, cap)
-        return cap
-
-    async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
-        """A live per-key limit (admin API): durable, and enforced by every replica and
-        worker within a second (each reads `key_overrides` in its housekeeping). It wins
-        over the files until `clear_key_limits` (README, "Precedence")."""
-        current = self.admission.overrides.get(key.alias) or Limits(
-            key.requests_per_minute, key.tokens_per_minute
-        )
-        limits = Limits(rpm or current.requests_per_minute, tpm or current.tokens_per_minute)
-        await self.overrides.save(key.alias, limits.requests_per_minute, limits.tokens_per_minute)
-        self.admission.overrides[key.alias] = limits
-        log.warning("limits of key %s set live to %s", key.alias, limits)
-        return limits
-
-    async def clear_key_limits(self, key: KeySpec) -> Limits | None:
-        """Drop a live per-key limit: the key's limits are the files' again, on every
-        replica. Returns the override that was cleared (None: there was none)."""
-        cleared = self.admission.overrides.pop(key.alias, None)
-        await self.overrides.delete(key.alias)
-        if cleared is not None:
-            log.warning(
-                "live limits of key %s cleared: back to the files' (%d requests/min, "
-                "%d tokens/min)",
-                key.alias,
-                key.requests_per_minute,
-                key.tokens_per_minute,
-            )
-        return cleared
-
-    async def set_budget(self, override: BudgetOverride) -> None:
-        """A temporary budget limit (admin API): durable, and applied by every replica
-        and worker within a second (each reads `budget_overrides` in its housekeeping)."""
-        await self.budget_overrides.save(override)
-        await self._load_budget_overrides()
-        log.warning(
-            "budget %s %s %s %s set live to %d until %s",
-            override.scope,
-            override.owner,
-            override.period,
-            override.metric,
-            override.limit,
-            self.calendar.describe(override.until),
-        )
-
-    async def budget_view(self) -> list[OwnerView]:
-        """Every key's and team's spend of the current periods and its budgets: the
-        durable spend of every replica plus this one's unflushed rows, read now."""
-        runtime, now = self.runtime, time.time()
-        owners = [("key", k.alias) for k in runtime.keys]
-        owners += [("team", t.name) for t in runtime.teams]
-        ids = [w.id for w in self.spend.windows(now).values()]
-        async with self.ledger.lock:
-            durable = await self.spend_book.read(ids, owners)
-            spent = self.ledger.unflushed_spend()
-        for k, (cost, tokens) in durable.items():
-            had = spent.get(k, ZERO)
-            spent[k] = Amount(had.cost + cost, had.tokens + tokens)
-        return self.spend.view(owners, spent, now)
-
-    async def end_budget(
-        self, scope: str, owner: str, period: str | None, metric: str | None
-    ) -> int:
-        ended = await self.budget_overrides.end(scope, owner, period, metric)
-        await self._load_budget_overrides()
-        return ended
 
     def database_health(self) -> dict[str, object]:
         """The database's part of `/health/ready` (informational: the gateway serves without

@@ -171,13 +171,13 @@ def _database_down() -> ServiceUnavailable:
 async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
     key = _key(gateway, alias)
     try:
-        limits = await gateway.set_key_limits(
+        limits = await gateway.live.set_key_limits(
             key, change.requests_per_minute, change.tokens_per_minute
         )
     except DatabaseUnavailable:
         raise _database_down() from None
     if change.max_concurrent is not None:
-        await gateway.set_key_concurrency(key, change.max_concurrent)
+        await gateway.live.set_key_concurrency(key, change.max_concurrent)
     return {
         "alias": alias,
         "requests_per_minute": limits.requests_per_minute,
@@ -191,7 +191,7 @@ async def clear_limits(alias: str, gateway: AdminDep) -> dict[str, object]:
     """Clear a live override: the key's limits are the files' again (on every replica)."""
     key = _key(gateway, alias)
     try:
-        cleared = await gateway.clear_key_limits(key)
+        cleared = await gateway.live.clear_key_limits(key)
     except DatabaseUnavailable:
         raise _database_down() from None
     return {

@@ -54,7 +54,7 @@ class BudgetChange(BaseModel):
 @router.get("/budgets")
 async def budgets(gateway: AdminDep) -> dict[str, object]:
     try:
-        owners = await gateway.budget_view()
+        owners = await gateway.live.budget_view()
     except DatabaseUnavailable:
         raise _db_down() from None
     return {
@@ -78,8 +78,12 @@ async def raise_budget(
     limit = to_nanos(change.max_cost) if change.max_cost is not None else change.max_tokens
     assert limit is not None
     try:
-        await gateway.set_budget(BudgetOverride(scope, name, change.period, metric, limit, until))
-        (owner,) = [o for o in await gateway.budget_view() if (o.scope, o.name) == (scope, name)]
+        await gateway.live.set_budget(
+            BudgetOverride(scope, name, change.period, metric, limit, until)
+        )
+        (owner,) = [
+            o for o in await gateway.live.budget_view() if (o.scope, o.name) == (scope, name)
+        ]
     except DatabaseUnavailable:
         raise _db_down() from None
     (state,) = [b for b in owner.budgets if b.budget.name == f"{change.period}_{metric}"]
@@ -96,7 +100,7 @@ async def end_budget(
 ) -> dict[str, object]:
     _known(gateway, scope, name)
     try:
-        ended = await gateway.end_budget(scope, name, period, metric)
+        ended = await gateway.live.end_budget(scope, name, period, metric)
     except DatabaseUnavailable:
         raise _db_down() from None
     return {"scope": scope, "name": name, "ended": ended}

@@ -76,7 +76,7 @@ async def test_an_override_that_shadows_the_files_is_listed_until_cleared(
     gateway = make_local_gateway({"keys": [ALICE]})
     await gateway.start()  # the database's schema: live limits are kept there
     key = gateway.keys.by_alias["alice"]
-    await gateway.set_key_limits(key, 5, None)
+    await gateway.live.set_key_limits(key, 5, None)
     edited = {**ALICE, "requests_per_minute": 300}
     notes = gateway.reload(runtime(tmp_path, {"keys": [edited]}))
     shadow = [n for n in notes if "shadow" in n]
@@ -87,9 +87,9 @@ async def test_an_override_that_shadows_the_files_is_listed_until_cleared(
     ]
     key = gateway.keys.by_alias["alice"]
     assert gateway.admission.limits_for(key) == Limits(5, 120000)  # the override still wins
-    assert await gateway.clear_key_limits(key) == Limits(5, 120000)
+    assert await gateway.live.clear_key_limits(key) == Limits(5, 120000)
     assert gateway.admission.limits_for(key) == Limits(300, 120000)
-    assert await gateway.clear_key_limits(key) is None
+    assert await gateway.live.clear_key_limits(key) is None
     assert not [n for n in gateway.reload(runtime(tmp_path, {"keys": [edited]})) if "shadow" in n]
 
 
