@@ -1,7 +1,7 @@
 """The request pipeline: the one domain entry point behind every edge route.
 
-    resolve model (alias, default, key's allowed models)   404 / 403
-      └► plan: [requested model, *fallbacks] x domains serving each
+    plan (plan.py): the model (alias, default, key's allowed models)   404 / 403
+      └► [requested model, *fallbacks] x domains serving each
           └► admission: reserve 1 request + estimated tokens   429
               └► for each model, for each available domain (best first):
                     dispatcher slot (queue, batch, pace)        503 queue_full/timeout
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from itertools import chain
 
@@ -33,29 +33,22 @@ from app.billing.prices import PriceList, Tokens, render
 from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
-from app.dispatch.routing import rank, serving
-from app.errors import (
-    GatewayError,
-    InvalidRequest,
-    ModelNotFound,
-    NotFound,
-    PermissionDenied,
-    ServiceUnavailable,
-)
+from app.dispatch.routing import rank
+from app.errors import GatewayError, ServiceUnavailable
 from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.limits.store import Spawn
 from app.metrics import Metrics
-from app.pipeline.aliases import Aliases
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.pipeline.count import count_tokens
 from app.pipeline.failure import client_error
 from app.pipeline.holds import KeyHolds
-from app.pipeline.request import ClientRequest, Endpoint
+from app.pipeline.plan import Planner
+from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
-from app.runtime import KeySpec, Runtime
+from app.runtime import Runtime
 from app.status.recent import Failure
 from app.tracing import AttemptSpan, RequestSpan, Tracer
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
@@ -91,6 +84,7 @@ class Pipeline:
         self.tracer = tracer  # None: tracing is off and costs an `is None` per call point
         self.holds = KeyHolds(admission, metrics, spawn)
         self.sessions = SessionTable()
+        self.planner = Planner(domains)
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -105,45 +99,13 @@ class Pipeline:
             max_retry_after=policy.max_retry_after_ms / 1000,
             retry_unanswered=policy.retry_unanswered,
         )
-        self.aliases = Aliases(runtime.settings.model_aliases)
+        self.planner.configure(runtime)
         self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
         self.holds.configure(runtime.settings, runtime.default_model)
         self.affinity = runtime.settings.affinity.enabled
         self.sessions.load_factor = runtime.settings.affinity.load_factor
         billing = runtime.settings.billing
         self.prices = PriceList(billing.prices, billing.currency)
-        # Domains by the API they speak (anthropic or not), looked up per request.
-        self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
-        self.responders = [d for d in self.speaking[False] if d.spec.responses]
-
-    def speakers(self, endpoint: Endpoint) -> list[Domain]:
-        """The domains whose upstream speaks the API of `endpoint`."""
-        return self.responders if endpoint.responses else self.speaking[endpoint.anthropic]
-
-    def target(self, key: KeySpec, asked: str) -> str:
-        """The model `asked` resolves to (aliases), if `key` may use it."""
-        target = self.aliases.resolve(asked, self._listed)
-        if not self._allowed(key.models, asked, target):
-            raise PermissionDenied(
-                f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
-            )
-        return target
-
-    def resolve(self, call: ClientRequest) -> tuple[str, str]:
-        """(the model asked for, the model to serve): the default route, then `target`;
-        400 without either."""
-        asked = call.model or self.runtime.default_model
-        if not asked:
-            raise InvalidRequest(
-                "you must provide a model parameter (no model_route.default is configured)",
-                param="model",
-                code="missing_model",
-            )
-        return asked, self.target(call.key, asked)
-
-    def _listed(self, model: str) -> bool:
-        """Some domain lists `model` (a pattern alias never hides a served model)."""
-        return any(model in (d.models() or ()) for d in self.domains)
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
@@ -170,7 +132,7 @@ class Pipeline:
                 call.trace_context,
             )
         try:
-            requested, first = self._plan(call)
+            requested, first = self.planner.plan(call)
             cost = self.holds.reservation(call)
             ticket = await self.admission.admit(call.key, cost, self._spend(call, requested, cost))
         except GatewayError as exc:
@@ -249,61 +211,13 @@ class Pipeline:
         """`x-tokengate-cost`: `0.000123 USD`, or `unknown` for a model without a price."""
         return "unknown" if nanos is None else f"{render(nanos)} {self.prices.currency}"
 
-    # -- model and plan -------------------------------------------------------------
-    def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
-        """The model to serve and the domains serving it; fallbacks are planned only when
-        this one fails (`_fallbacks`)."""
-        asked, target = self.resolve(call)
-        key = call.key
-        domains = self.speakers(call.endpoint)
-        if not domains and call.endpoint.responses:
-            raise NotFound(
-                "no domain serves the Responses API: a [[scale_up]] domain with api_style "
-                '"openai" or "both" and responses = true is needed'
-            )
-        if not domains:
-            raise NotFound(
-                f"no domain speaks the API of {call.endpoint.path}: set api_style = "
-                f'"{"anthropic" if call.endpoint.anthropic else "openai"}" (or "both") on a '
-                "[[scale_up]] domain"
-            )
-        first = serving(domains, target, key.domain)
-        if not first:
-            raise ModelNotFound(_not_found(asked, key.domain), param="model")
-        if call.home is not None:
-            first = [d for d in first if d.name == call.home]
-            if not first:
-                raise InvalidRequest(
-                    f"previous_response_id names a response held by domain '{call.home}', "
-                    f"which does not serve model '{asked}' for this key",
-                    param="previous_response_id",
-                )
-        return target, first
-
-    def _fallbacks(self, call: ClientRequest, target: str) -> Iterator[tuple[str, list[Domain]]]:
-        domains = self.speakers(call.endpoint)
-        key = call.key
-        for name in self.runtime.fallbacks:
-            fb = self.aliases.resolve(name, self._listed)
-            if fb == target or not self._allowed(key.models, name, fb):
-                continue
-            candidates = serving(domains, fb, key.domain)
-            if call.home is not None:  # the previous response is there, and only there
-                candidates = [d for d in candidates if d.name == call.home]
-            if candidates:
-                yield fb, candidates
-
-    @staticmethod
-    def _allowed(models: frozenset[str] | None, asked: str, target: str) -> bool:
-        return models is None or asked in models or target in models
-
     # -- execution --------------------------------------------------------------------
     async def _execute(
         self, call: ClientRequest, target: str, first: list[Domain], trace: Trace
     ) -> tuple[Reply, Domain, str, Slot]:
         last: BaseException | None = None
         congested: set[str] = set()  # full or slow queues: a fallback there would wait again
-        plan = chain([(target, first)], self._fallbacks(call, target))
+        plan = chain([(target, first)], self.planner.fallbacks(call, target))
         for i, (model, candidates) in enumerate(plan):
             if i:
                 self.metrics.record_fallback(target, model)
@@ -687,12 +601,3 @@ def _status_of(exc: BaseException) -> int:
     if isinstance(exc, GatewayError):
         return exc.status
     return 499 if isinstance(exc, BaseException) and not isinstance(exc, Exception) else 500
-
-
-def _not_found(model: str, pinned: str | None) -> str:
-    where = f" in domain '{pinned}' (this key is pinned to it)" if pinned else ""
-    return (
-        f"The model '{model}' does not exist or is not served{where}. GET /v1/models lists the "
-        "models this gateway serves; check model_route and model_aliases in settings.json and "
-        "each domain's `models` in config.toml."
-    )

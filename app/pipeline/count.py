@@ -38,10 +38,10 @@ _RELAYED = frozenset({400, 413, 422})  # the request itself is wrong: say so, do
 
 
 async def count_tokens(pipeline: Pipeline, call: ClientRequest, trace: Trace) -> JsonAnswer:
-    _, target = pipeline.resolve(call)
+    _, target = pipeline.planner.resolve(call)
     trace.model = target
     pinned = call.key.domain
-    anthropic = rank(serving(pipeline.speaking[True], target, pinned))
+    anthropic = rank(serving(pipeline.planner.speaking[True], target, pinned))
     if anthropic:
         domain = anthropic[0]
         answer = await _forward(pipeline, call, trace, domain, target)
