@@ -18,7 +18,9 @@ WORKDIR /src
 # description, when present) and the `app` package.
 COPY pyproject.toml README.md* ./
 COPY app ./app
-RUN python -m pip wheel --wheel-dir /wheels .
+# With the `otel` extra's wheels, so traces can be turned on by the environment alone
+# (TOKENGATE_TRACING__ENABLED=true); they are never imported while tracing is off.
+RUN python -m pip wheel --wheel-dir /wheels ".[otel]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -27,7 +29,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # The wheels are bind-mounted from the builder, so they never become a layer.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    python -m pip install --no-index --find-links=/wheels /wheels/tokengate-*.whl
+    python -m pip install --no-index --find-links=/wheels /wheels/tokengate-*.whl \
+        /wheels/opentelemetry_sdk-*.whl /wheels/opentelemetry_exporter_otlp_proto_http-*.whl
 
 # A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it without a name.
 RUN groupadd --system --gid 10001 tokengate \

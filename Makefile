@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps codex-cli bench-deps demo test test-fast test-unit test-e2e lint format docs bench clean
+.PHONY: help install system-deps codex-cli claude-code bench-deps demo test test-fast test-unit test-e2e lint format docs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,31 +40,48 @@ system-deps: ## install redis-server, redis-sentinel, promtool, chromium and Pos
 	$(call apt,pg_ctlcluster:postgresql)
 
 # The Codex CLI the end-to-end tests drive (tests/e2e/test_codex_cli.py), pinned, kept
-# under .cache/ (gitignored) and reused. No npm registry: the tests say so and skip.
+# under .cache/ (gitignored) and reused. `make test` fails if it can not be installed (a
+# skipped agent test would hide a broken gateway); pytest run by hand skips without it.
 CODEX_VERSION := 0.171.0
 CODEX := .cache/npm/node_modules/.bin/codex
 
 codex-cli: ## install nodejs/npm (Debian) and the pinned Codex CLI when missing
-	-$(call apt,node:nodejs npm:npm)
-	@test -x $(CODEX) || npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error \
-	  @openai/codex@$(CODEX_VERSION) || echo "Codex CLI not installed (npm registry unreachable?): its tests will be skipped"
+	$(call apt,node:nodejs npm:npm)
+	@$(CODEX) --version 2>/dev/null | grep -q ' $(CODEX_VERSION)$$' || \
+	  npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error \
+	    @openai/codex@$(CODEX_VERSION)
+
+# Claude Code for its end-to-end test (tests/e2e/test_claude_code.py): pinned, because npm on
+# Node 20 silently picks an older release (newer ones declare engines.node >= 22; the CLI is
+# a native binary from an optional dependency and does not run on the system Node).
+CLAUDE_CODE_VERSION := 2.1.332
+CLAUDE_CODE_DIR := .cache/claude-code
+CLAUDE_CODE := $(CLAUDE_CODE_DIR)/node_modules/.bin/claude
+
+claude-code: ## install Claude Code (npm, pinned) for its e2e test; Node/npm from Debian when missing
+	$(call apt,node:nodejs npm:npm)
+	@$(CLAUDE_CODE) --version 2>/dev/null | grep -q '^$(CLAUDE_CODE_VERSION) ' || \
+	  npm install --prefix $(CLAUDE_CODE_DIR) --no-audit --no-fund --loglevel=error \
+	    @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
 
 bench-deps: system-deps ## also install nginx and wrk (Debian packages) when missing
 	$(call apt,nginx:nginx wrk:wrk)
 
-demo: install ## run the simulated upstream + the gateway on the shipped config, print a snippet
-	$(BIN)/python -m app.demo
+PORT ?= 8080
+SIM_PORT ?= 9090
+demo: install ## the gateway on the shipped config against the simulator (PORT=8080 SIM_PORT=9090)
+	$(BIN)/python -m app.demo --port $(PORT) --sim-port $(SIM_PORT)
 
-test: install system-deps codex-cli ## install everything, then run the whole suite
+test: install system-deps codex-cli claude-code ## install everything, then run the whole suite
 	$(BIN)/python -m pytest -q
 
-test-fast: install system-deps codex-cli ## the whole suite but the long scenarios marked `slow`
+test-fast: install system-deps codex-cli claude-code ## the whole suite but the long scenarios marked `slow`
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-unit: install system-deps ## unit tests only (in-process, plus redis-server for the Lua parity cases)
 	$(BIN)/python -m pytest -q tests/unit
 
-test-e2e: install system-deps codex-cli ## end-to-end tests only (real servers on loopback)
+test-e2e: install system-deps codex-cli claude-code ## end-to-end tests only (real servers on loopback)
 	$(BIN)/python -m pytest -q tests/e2e
 
 lint: install ## ruff (lint + format check), mypy --strict, the import layers (import-linter)
@@ -84,4 +101,4 @@ bench: install bench-deps ## side-by-side benchmark (results under tests/bench/r
 	$(BIN)/python -m tests.bench.run
 
 clean: ## remove the venv, caches and local state
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache var tests/bench/results
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache var tests/bench/results .cache

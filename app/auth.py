@@ -13,7 +13,7 @@ import hmac
 import secrets
 from datetime import UTC, datetime
 
-from app.errors import AuthenticationFailed
+from app.errors import AuthenticationFailed, KeyExpired
 from app.runtime import KeySpec
 
 KEY_PREFIX = "tg-"
@@ -48,9 +48,9 @@ class KeyIndex:
         if spec is None or not any(hmac.compare_digest(wanted, d) for d in spec.digests):
             raise AuthenticationFailed("Incorrect API key provided.")
         if spec.expires_at is not None and datetime.now(UTC) >= spec.expires_at:
-            raise AuthenticationFailed(
+            raise KeyExpired(
                 f"This key expired at {spec.expires_at.isoformat()}; ask for a new one.",
-                code="expired_api_key",
+                alias=spec.alias,
             )
         return spec
 

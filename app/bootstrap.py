@@ -52,6 +52,9 @@ def secrets_of(runtime: Runtime) -> list[str]:
         from app.db.url import url_secrets
 
         found.extend(url_secrets(s.database.url.get_secret_value()))
+    if s.tracing.headers is not None:  # a tracing service's key, and each header value
+        raw = s.tracing.headers.get_secret_value()
+        found += [raw, *(v.partition("=")[2].strip() for v in raw.split(","))]
     return found
 
 

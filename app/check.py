@@ -3,7 +3,9 @@
 The steps of docs/design.md ("Verifying the chain"), in its diagnosis order (endpoint,
 key, model route, scheduler parameters):
 
-  1. configuration: both files and the environment load (else exit 2);
+  1. configuration: both files and the environment load (else exit 2), and what
+     `serve` needs is there: the log output, the listening address, the state stores
+     (`app.preflight`, the same code `serve` runs);
   2. `GET /v1/models` with the key: 200, and every routed/aliased model is listed;
   3. a minimal chat completion (`ping`, `max_tokens: 8`) returns `choices` and usage;
   4. 16 concurrent probes from 8 workers: `16/16 ok`, usage adding up, then whether
@@ -11,7 +13,9 @@ key, model route, scheduler parameters):
 
 Against the upstream of every configured domain by default, or a running gateway
 with `--target URL` (authenticated with `--key` / `TOKENGATE_API_KEY`). Each failure
-prints a specific diagnosis; any failure exits 1.
+prints a specific diagnosis; any failure exits 1. The probes show their progress as
+they finish (a counter on a terminal, a dot each otherwise), and a timeout says how
+long it waited.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import httpx
 
+from app.billing.prices import PriceList
 from app.config.errors import ConfigError
 from app.config.sources import ConfigFiles, load_settings, secret_environ
+from app.preflight import findings
 from app.runtime import Runtime, compile_runtime
 
 PROBES, WORKERS = 16, 8
@@ -40,6 +47,7 @@ class Target:
     key_source: str
     model: str | None
     routed: list[str] = field(default_factory=list)
+    wait_sec: float = 30.0  # the timeout of each call, said when one runs out
 
 
 class StepFailed(Exception):
@@ -71,8 +79,9 @@ def diagnose(exc: BaseException, target: Target) -> str:
         )
     if isinstance(exc, httpx.TimeoutException):
         return (
-            f"timeout talking to {target.base}: egress rules, a proxy, or an overloaded "
-            "upstream. Raise token_scheduler.timeout_ms only after checking the network."
+            f"timeout: no answer from {target.base} within {target.wait_sec:g} s "
+            "(token_scheduler.timeout_ms): egress rules, a proxy, or an overloaded upstream. "
+            "Raise token_scheduler.timeout_ms only after checking the network."
         )
     if isinstance(exc, httpx.HTTPStatusError):
         return _diagnose_status(exc.response, target)
@@ -134,7 +143,7 @@ async def _probes(client: httpx.AsyncClient, t: Target) -> tuple[int, int, int, 
     for i in range(PROBES):
         queue.put_nowait(i)
     ok, prompt, completion, errors = 0, 0, 0, []
-    tty = sys.stdout.isatty()
+    progress = Progress(sys.stdout.isatty())
 
     async def worker() -> None:
         nonlocal ok, prompt, completion
@@ -144,17 +153,39 @@ async def _probes(client: httpx.AsyncClient, t: Target) -> tuple[int, int, int, 
                 p, c = await _ping(client, t)
             except Exception as exc:
                 errors.append(diagnose(exc, t) if not isinstance(exc, StepFailed) else str(exc))
+                progress.finished(ok, len(errors), passed=False)
             else:
                 ok, prompt, completion = ok + 1, prompt + p, completion + c
-            if tty:
-                print(
-                    f"\r      probes: {ok + len(errors)}/{PROBES} done, {ok} ok", end="", flush=True
-                )
+                progress.finished(ok, len(errors), passed=True)
 
     await asyncio.gather(*(worker() for _ in range(WORKERS)))
-    if tty:
-        print()
+    progress.end()
     return ok, prompt, completion, errors
+
+
+class Progress:
+    """One mark per finished probe, as it finishes: a counter rewritten in place on a
+    terminal, a dot (`.` ok, `x` failed) on a line otherwise (logs, CI, pipes)."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.started = time.monotonic()
+        print("      probes: ", end="", flush=True)
+
+    def finished(self, ok: int, failed: int, *, passed: bool) -> None:
+        done = ok + failed
+        if self.tty:
+            elapsed = time.monotonic() - self.started
+            print(
+                f"\r      probes: {done}/{PROBES} done, {ok} ok ({elapsed:.1f}s)",
+                end="",
+                flush=True,
+            )
+        else:
+            print("." if passed else "x", end="", flush=True)
+
+    def end(self) -> None:
+        print(flush=True)
 
 
 async def _verify(t: Target, wait_sec: float, runtime: Runtime | None) -> bool:
@@ -165,7 +196,7 @@ async def _verify(t: Target, wait_sec: float, runtime: Runtime | None) -> bool:
         try:
             steps += 1
             _say("  [2] GET /v1/models with the key")
-            await _models(client, t)
+            _unpriced(runtime, await _models(client, t))
             steps += 1
             _say(f"  [3] chat completion 'ping' (max_tokens 8) on model '{t.model}'")
             p, c = await _ping(client, t)
@@ -188,6 +219,28 @@ async def _verify(t: Target, wait_sec: float, runtime: Runtime | None) -> bool:
             _say(f"      FAILED: {diagnose(exc, t)}")
             return False
     return True
+
+
+def _unpriced(runtime: Runtime | None, models: list[str]) -> None:
+    """Warn about models without a price: their cost would be recorded as unknown."""
+    if runtime is None:
+        return
+    billing = runtime.settings.billing
+    missing = PriceList(billing.prices, billing.currency).unpriced(models)
+    if missing:
+        _say(
+            f"      warning: no price in billing.prices for {len(missing)} model(s): "
+            f"{', '.join(missing)} (their cost is recorded as unknown)"
+        )
+
+
+def configured_models(runtime: Runtime) -> list[str]:
+    """Models the configuration names: domains' lists, routes and alias targets."""
+    s = runtime.settings
+    named = {m for d in runtime.domains for m in (d.models or ())}
+    named |= {s.model_aliases.get(m, m) for m in (s.model_route.default, *runtime.fallbacks) if m}
+    named |= set(s.model_aliases.values())
+    return sorted(named)
 
 
 def _advice(runtime: Runtime | None) -> None:
@@ -232,14 +285,22 @@ def _targets(runtime: Runtime) -> list[Target]:
     return targets
 
 
-def run_check(files: ConfigFiles, *, target: str | None, key: str | None) -> int:
+def run_check(
+    files: ConfigFiles,
+    *,
+    target: str | None,
+    key: str | None,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    no_auth: bool = False,
+) -> int:
     _say(f"  [1] configuration: {files.config} + {files.settings}")
     runtime: Runtime | None = None
     if target is None or (files.config.exists() and files.settings.exists()):
         try:
             environ = secret_environ()
             settings = load_settings(files, environ)
-            # The chain to the upstream does not need gateway keys; `serve` does (noted below).
+            # The chain to the upstream does not need gateway keys; `serve` does (below).
             runtime = compile_runtime(
                 settings, environ, no_auth=True, source=f"{files.settings} / {files.config}"
             )
@@ -254,13 +315,13 @@ def run_check(files: ConfigFiles, *, target: str | None, key: str | None) -> int
         else:
             names = ", ".join(f"{d.name} -> {d.api_base}" for d in runtime.domains)
             _say(f"      ok: {len(runtime.domains)} domain(s): {names}")
-            if not settings.keys:
-                _say(
-                    "      note: no gateway keys in `keys`: `tokengate serve` will refuse to "
-                    "start (run `tokengate keys new --alias NAME`)"
-                )
+            _unpriced(runtime, configured_models(runtime))
     else:
         _say("      skipped: no local config files (checking a remote gateway)")
+    serveable = True
+    if target is None:
+        assert runtime is not None
+        serveable = _serve_needs(runtime, host, port, no_auth=no_auth)
     timeout = (runtime.settings.token_scheduler.timeout_ms / 1000) if runtime else 30.0
     started = time.monotonic()
     if target is not None:
@@ -274,10 +335,38 @@ def run_check(files: ConfigFiles, *, target: str | None, key: str | None) -> int
     else:
         assert runtime is not None
         targets = _targets(runtime)
+    for t in targets:
+        t.wait_sec = timeout
     results = [asyncio.run(_verify(t, timeout, runtime)) for t in targets]
-    ok = all(results)
+    ok = all(results) and serveable
+    refusal = "" if serveable else "`tokengate serve` would not start (see [1]); "
     _say(
-        f"{'OK' if ok else 'FAILED'}: {sum(results)}/{len(results)} target(s) verified "
-        f"in {time.monotonic() - started:.1f}s"
+        f"{'OK' if ok else 'FAILED'}: {refusal}{sum(results)}/{len(results)} target(s) "
+        f"verified in {time.monotonic() - started:.1f}s"
     )
     return 0 if ok else 1
+
+
+def _serve_needs(runtime: Runtime, host: str, port: int, *, no_auth: bool) -> bool:
+    """What `serve` checks at start, checked now (`app.preflight`); False if it would
+    refuse to start."""
+    _say(f"      what `tokengate serve --host {host} --port {port}` needs:")
+    found = asyncio.run(findings(runtime, host, port))
+    for f in found:
+        if f.ok:
+            _say(f"        ok: {f.what}")
+        else:
+            _say(f"        FAILED: {f.what}: {f.problem}" + (f". Fix: {f.fix}" if f.fix else ""))
+    ok = all(f.ok for f in found)
+    if not runtime.settings.keys and not no_auth:
+        ok = False
+        _say(
+            "        FAILED: no gateway keys in `keys`: serve refuses to start without them. "
+            "Fix: run `tokengate keys new --alias NAME` and add the printed line "
+            "(or serve --no-auth on a trusted network only)"
+        )
+    now = datetime.now(UTC)
+    for k in runtime.keys:
+        if k.expires_at is not None and k.expires_at <= now:
+            _say(f"        note: key {k.alias!r} expired at {k.expires_at.isoformat()} (401)")
+    return ok

@@ -1,4 +1,4 @@
-"""`tokengate serve | sim | check | keys new | config-reference | db ...`.
+"""`tokengate serve | sim | check | keys new | config-reference | db ... | usage`.
 
 argv -> config -> exit codes: 0 success, 1 a failed check or runtime failure, 2 bad
 configuration or usage, or a database that can not be used (one message naming file,
@@ -36,18 +36,23 @@ def _add_files(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_listen(p: argparse.ArgumentParser) -> None:
+    """`serve`'s address and auth flags; `check` takes them to check what serve would do."""
+    p.add_argument("--host", default=os.environ.get("TOKENGATE_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("TOKENGATE_PORT", "8080")))
+    p.add_argument(
+        "--no-auth", action="store_true", help="serve without gateway keys (trusted networks only)"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokengate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway")
     _add_files(serve)
-    serve.add_argument("--host", default=os.environ.get("TOKENGATE_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("TOKENGATE_PORT", "8080")))
+    _add_listen(serve)
     serve.add_argument("--workers", type=int, default=int(os.environ.get("TOKENGATE_WORKERS", "1")))
-    serve.add_argument(
-        "--no-auth", action="store_true", help="serve without gateway keys (trusted networks only)"
-    )
 
     from app.sim.cli import add_arguments as add_sim_arguments
 
@@ -57,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_files(check)
     check.add_argument("--target", help="verify a running gateway at this URL instead")
     check.add_argument("--key", help="gateway key for --target (default: $TOKENGATE_API_KEY)")
+    _add_listen(check)
 
     keys = sub.add_parser("keys", help="manage gateway keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
@@ -68,7 +74,24 @@ def _parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="the durable store: schema upgrades, backups, retention")
     _add_files(db)
     _add_db_commands(db)
+    _add_usage(sub.add_parser("usage", help="usage and cost of a running gateway, by period"))
     return parser
+
+
+def _add_usage(usage: argparse.ArgumentParser) -> None:
+    usage.add_argument(
+        "--since", default="7d", help="start: 7d, 24h, 90m, 2w, or an ISO date/instant (7d)"
+    )
+    usage.add_argument("--until", help="end (exclusive), same forms; default now")
+    usage.add_argument("--by", default="key", help="key, team, model, domain, or a,b (key)")
+    usage.add_argument("--granularity", choices=["hour", "day"], help="one row per period")
+    usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    usage.add_argument(
+        "--target",
+        default=os.environ.get("TOKENGATE_URL", "http://127.0.0.1:8080"),
+        help="the gateway's URL (default: $TOKENGATE_URL or http://127.0.0.1:8080)",
+    )
+    usage.add_argument("--admin-key", help="the admin key (default: $TOKENGATE_ADMIN_KEY)")
 
 
 def _add_db_commands(parser: argparse.ArgumentParser) -> None:
@@ -104,7 +127,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check":
         from app.check import run_check
 
-        return run_check(_files(args), target=args.target, key=args.key)
+        return run_check(
+            _files(args),
+            target=args.target,
+            key=args.key,
+            host=args.host,
+            port=args.port,
+            no_auth=args.no_auth,
+        )
     if args.command == "keys":
         from app.keys import new
 
@@ -112,6 +142,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "db":
         return _db(args)
+    if args.command == "usage":
+        from app.report import run as run_usage
+
+        return run_usage(args)
     if args.command == "config-reference":
         from app.config.reference import render
 
@@ -127,6 +161,12 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise SystemExit("tokengate: --workers must be >= 1")
     runtime = load_runtime(files, no_auth=args.no_auth, workers=args.workers)  # validate first
+    from app.log import output_problem
+
+    # The cheap local refusal before the database's: a missing log directory is said first.
+    problem = output_problem(runtime.settings.logging.output, runtime.source)
+    if problem is not None:
+        raise ConfigError([problem])
     from app.db.commands import prepare_for_serve
 
     prepare_for_serve(runtime.settings)  # reachable, schema at head (an empty one created)

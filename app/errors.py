@@ -3,7 +3,9 @@
     GatewayError                  status  type / code
     ├── InvalidRequest            400     invalid_request_error
     ├── AuthenticationFailed      401     authentication_error / invalid_api_key
+    │   └── KeyExpired            401     authentication_error / expired_api_key
     ├── PermissionDenied          403     permission_error / model_not_allowed
+    │   └── ModelNotPriced        403     permission_error / model_not_priced
     ├── NotFound                  404     invalid_request_error / not_found
     │   └── ModelNotFound         404     invalid_request_error / model_not_found
     ├── MethodNotAllowed          405     invalid_request_error / method_not_allowed
@@ -13,6 +15,8 @@
     ├── HeadersTooLarge           431     invalid_request_error / headers_too_large
     ├── RateLimited               429     rate_limit_error / rate_limit_exceeded
     ├── UpstreamQuotaExhausted    429     insufficient_quota (the upstream balance is empty)
+    ├── BudgetExceeded            429     insufficient_quota / budget_exceeded (a key's or
+    │                                      team's budget for the period is spent)
     ├── ServiceUnavailable        503     service_unavailable / (queue_full, queue_timeout,
     │                                      no_healthy_domain, draining, redis_unavailable)
     ├── UpstreamFailed            502     upstream_error / upstream_error
@@ -95,11 +99,29 @@ class AuthenticationFailed(GatewayError):
     code = "invalid_api_key"
 
 
+class KeyExpired(AuthenticationFailed):
+    """A right key past its `expires_at`. Carries the key's alias (not a secret) so the
+    access log says whose key it was."""
+
+    code = "expired_api_key"
+
+    def __init__(self, message: str, *, alias: str) -> None:
+        super().__init__(message)
+        self.alias = alias
+
+
 class PermissionDenied(GatewayError):
     permanent = True
     status = 403
     type = "permission_error"
     code = "model_not_allowed"
+
+
+class ModelNotPriced(PermissionDenied):
+    """The key (or its team) has a cost budget and the model has no price: its spend could
+    not be counted, so it is not served until the operator adds the price."""
+
+    code = "model_not_priced"
 
 
 class NotFound(GatewayError):
@@ -182,6 +204,17 @@ class UpstreamQuotaExhausted(GatewayError):
     status = 429
     type = "insufficient_quota"
     code = "insufficient_quota"
+
+
+class BudgetExceeded(GatewayError):
+    """A key's or team's budget has no room for this request until its period resets.
+    OpenAI's `insufficient_quota` type, so clients treat it as a quota and not as a rate:
+    the SDKs are told not to retry (no wait short of the reset helps)."""
+
+    permanent = True
+    status = 429
+    type = "insufficient_quota"
+    code = "budget_exceeded"
 
 
 class ServiceUnavailable(GatewayError):

@@ -7,10 +7,13 @@
       dispatcher loop per domain           flush ledger, close store, database, upstreams
       health loop per domain
       housekeeping loop (1 s; ledger roll-up every minute)
+      budgets: spend of the current periods read back, then refreshed after each flush
 
 Every task the gateway runs is created here (or by a dispatcher it owns) and awaited
 on close; `spawn` is how other code hands over work that must outlive a cancelled
-request (settling a reservation after the client left).
+request (settling a reservation after the client left). What the admin API changes while
+it runs (limits, max_concurrent, budgets) is `live` (`app/live.py`), read back here every
+second.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from app import tracing
 from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
+from app.billing.periods import Calendar
 from app.config.errors import ConfigError
+from app.config.schema import Settings
 from app.db import migrate
+from app.db.budgets import BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
 from app.db.usage import UsageBook
@@ -39,14 +46,17 @@ from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.dispatch.homes import LocalHomes, ResponseHomes
 from app.limits.admission import Admission
-from app.limits.bucket import Limits
 from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
+from app.limits.shared_spend import SharedSpend
+from app.limits.spend import SpendGate
 from app.limits.store import LimitStore, MemoryStore
+from app.live import LiveControls
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
 from app.pipeline.responses import ResponsesService
+from app.reload import describe_reload, log_reload
 from app.runtime import DomainSpec, KeySpec, Runtime
 from app.status.board import StatusBoard
 from app.upstream.breaker import Breaker
@@ -85,14 +95,40 @@ class Gateway:
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
         self.store = store or self._build_store()
         self.db = Database(s.database, on_state=metrics.set_database_up)
-        self.ledger = Ledger(UsageBook(self.db), s.ledger, metrics=metrics)
+        self.calendar = Calendar(s.billing.timezone)
+        self.ledger = Ledger(UsageBook(self.db), s.ledger, metrics=metrics, calendar=self.calendar)
         self.overrides = OverrideBook(self.db)
+        self.spend_book = SpendBook(self.db)
+        self.budget_overrides = BudgetOverrideBook(self.db)
+        self.spend = SpendGate(runtime, self.calendar, metrics=metrics, spawn=self.spawn)
+        if self.store.shared:  # budgets decided in Redis, exact across replicas
+            prefix = s.redis.key_prefix
+            self.spend.shared = SharedSpend(
+                self.store.budget, prefix=prefix, replica=self.replica_id
+            )
         # Without Redis each of N workers enforces 1/N of every limit and every domain
         # quota: a limit never silently becomes N times larger.
         self.divisor = 1 if self.store.shared else max(1, runtime.workers)
         self.domains = [self._build_domain(spec) for spec in runtime.domains]
-        self.admission = Admission(self.store, metrics, self.ledger, divisor=self.divisor)
-        self.pipeline = Pipeline(runtime, self.domains, self.admission, metrics, self.spawn)
+        self.admission = Admission(
+            self.store, metrics, self.ledger, divisor=self.divisor, spend=self.spend
+        )
+        self.tracer = tracing.build(s.tracing, runtime.source)  # None unless tracing.enabled
+        self.pipeline = Pipeline(
+            runtime, self.domains, self.admission, metrics, self.spawn, tracer=self.tracer
+        )
+        # What the admin API changes live (limits, max_concurrent, budgets).
+        self.live = LiveControls(
+            lambda: self.runtime,
+            self.admission,
+            self.pipeline.holds.gate,
+            self.overrides,
+            self.budget_overrides,
+            self.spend,
+            self.spend_book,
+            self.ledger,
+            self.calendar,
+        )
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
         self.batch_store = BatchStore(self.db)
@@ -129,6 +165,7 @@ class Gateway:
 
     def _build_domain(self, spec: DomainSpec) -> Domain:
         s = self.runtime.settings
+        self.metrics.add_domain(spec.name)
         sched, policy = s.token_scheduler, s.retry_policy
         dispatcher = Dispatcher(
             spec.name,
@@ -192,7 +229,8 @@ class Gateway:
     async def start(self) -> None:
         await self.store.start()
         await migrate.prepare(self.db)  # `serve` checked it already; in-process callers too
-        await self._load_overrides()
+        await self.live.load()
+        await self.live.refresh_spend()  # a spent budget stays spent across restarts
         self._describe_limits()
         log.info("durable state (ledger, batches, live limits) in %s", self.db.where)
         self._warn_deprecated()
@@ -206,6 +244,7 @@ class Gateway:
         self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
         self._sync_gauges()
+        self._warn_unpriced()
 
     def _warn_deprecated(self) -> None:
         s = self.runtime.settings
@@ -218,6 +257,24 @@ class Gateway:
                     value,
                     self.db.where,
                 )
+
+    def unpriced_models(self) -> list[str]:
+        """Models some request may be served by (configured, routed, aliased or listed by
+        a domain) that have no price: their cost is recorded as unknown."""
+        models = self._configured_models() - set(self.runtime.settings.model_aliases)
+        for domain in self.domains:
+            models |= set(domain.models() or ())
+        return self.pipeline.prices.unpriced(models)
+
+    def _warn_unpriced(self) -> None:
+        missing = self.unpriced_models()
+        if missing:
+            log.warning(
+                "billing: no price for %d model(s), their cost is recorded as unknown: %s "
+                "(add them to billing.prices)",
+                len(missing),
+                ", ".join(missing),
+            )
 
     def _describe_limits(self) -> None:
         if self.store.shared:
@@ -233,43 +290,62 @@ class Gateway:
 
     # -- live reconfiguration ----------------------------------------------------------
     def reload(self, new: Runtime) -> list[str]:
-        """Apply a re-read configuration without dropping a request.
+        """Apply a re-read configuration without dropping a request; name every change.
 
         Requests already admitted finish with the objects they hold; new ones see the new
-        keys, limits, routes, aliases, retry policy, per-domain quotas and upstream keys.
-        Adding, removing or re-pointing a domain (`api_base`) needs a restart: such
-        changes are reported and left out, the rest is applied.
+        keys, limits, routes, aliases, retry policy, breaker thresholds, per-domain quotas,
+        upstream keys and dispatcher settings (`LIVE`). What a running process can not
+        change (adding, removing or re-pointing a domain, the listener, log file, stores,
+        timeouts of open pools...) is named as needing a restart and left out.
         """
-        notes: list[str] = []
+        notes = describe_reload(self.runtime, new)
         old = {d.name: d for d in self.domains}
         new_specs = {d.name: d for d in new.domains}
         for name in sorted(set(old) ^ set(new_specs)):
-            notes.append(f"domain {name!r} added or removed: restart to apply")
+            notes.append(f"restart needed: domain {name!r} added or removed")
         for name, domain in old.items():
             spec = new_specs.get(name)
             if spec is None:
                 continue
             if spec.api_base != domain.spec.api_base:
-                notes.append(f"domain {name!r} api_base changed: restart to apply")
+                notes.append(f"restart needed: domain {name!r} api_base changed")
                 spec = dataclasses.replace(spec, api_base=domain.spec.api_base)
             if spec.api_key.get_secret_value() != domain.spec.api_key.get_secret_value():
-                notes.append(f"domain {name!r}: upstream key rotated")
-            self._retune(domain, spec)
+                notes.append(f"applied: domain {name!r} upstream key rotated")
+            self._retune(domain, spec, new.settings)
         keep = {d.name for d in self.domains}
         self.runtime = dataclasses.replace(
             new, domains=tuple(d.spec for d in self.domains if d.name in keep)
         )
         self.keys = KeyIndex(new.keys, enabled=new.auth_enabled, anonymous=_anonymous(new.settings))
         self.pipeline.configure(self.runtime)
+        self.spend.configure(self.runtime)
+        if new.settings.billing.timezone != self.calendar.timezone:
+            notes.append("billing.timezone changed: periods from now on are in the new zone")
+            self.calendar = Calendar(new.settings.billing.timezone)
+            self.ledger.calendar = self.spend.calendar = self.calendar
+            self.spend.windows_changed()
         self.metrics.add_models(self._configured_models())
         logging.getLogger("tokengate").setLevel(new.settings.logging.level.upper())
         self._check_routes()
-        return notes
+        self._sync_gauges()
+        return notes + self.live.shadowing(self.keys.by_alias)
 
-    def _retune(self, domain: Domain, spec: DomainSpec) -> None:
+    def _retune(self, domain: Domain, spec: DomainSpec, settings: Settings) -> None:
+        sched = settings.token_scheduler
         domain.spec = spec
         domain.client.rekey(spec)
-        domain.dispatcher.max_inflight = spec.max_inflight
+        domain.dispatcher.retune(
+            group_size=sched.batch_size,
+            group_window_ms=sched.batch_window_ms,
+            queue_capacity=sched.queue_capacity,
+            max_queue_wait_ms=sched.max_queue_wait_ms,
+            max_inflight=spec.max_inflight,
+            batch_share=settings.batch.share,
+        )
+        domain.breaker.cfg = settings.breaker  # thresholds; its window keeps its length
+        domain.budget.ratio = settings.retry_policy.budget_ratio
+        domain.budget.min_retries = settings.retry_policy.budget_min_retries
         state, new = domain.dispatcher.pacer.state, self._pace_state(spec)
         if (new.configured, new.window) != (state.configured, state.window):
             domain.dispatcher.pacer = self.store.pacer(spec.name, new)
@@ -287,7 +363,7 @@ class Gateway:
             log.error("reload refused, keeping the running configuration:\n%s", exc.render())
             return
         notes = self.reload(new)
-        log.warning("configuration reloaded%s", "".join(f"; {n}" for n in notes))
+        log_reload(notes)
 
     def begin_drain(self) -> None:
         if not self.draining:
@@ -328,6 +404,11 @@ class Gateway:
             await domain.client.close()
         if self.socket_dialer is not None:
             await self.socket_dialer.close()
+        if self.tracer is not None:
+            try:  # the spans still buffered leave now (blocking: in a thread)
+                await asyncio.to_thread(self.tracer.shutdown)
+            except Exception as exc:
+                log.error("trace export at shutdown failed: %r", exc)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -392,9 +473,8 @@ class Gateway:
         self._unresolved = unresolved
 
     async def _health_loop(self, domain: Domain) -> None:
-        interval = self.runtime.settings.health_check.interval_sec
-        while True:
-            await asyncio.sleep(interval)
+        while True:  # the interval is read each time: a reload may change it
+            await asyncio.sleep(self.runtime.settings.health_check.interval_sec)
             await self._probe(domain)
 
     async def _housekeeping(self) -> None:
@@ -409,25 +489,17 @@ class Gateway:
             except Exception as exc:  # one bad second must not end the upkeep for good
                 log.error("housekeeping failed (tried again in a second): %r", exc)
             self._sync_gauges()
-            await self._load_overrides()
+            await self.live.load_limits()
+            await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
+            await self.live.load_budget_overrides()
+            await self.spend.renew()  # with Redis: holds of requests still running
             ticks += 1
             if ticks % LEDGER_MAINTENANCE_TICKS == 0:
                 await self._maintain_ledger()
 
-    async def _load_overrides(self) -> None:
-        """Live limits set on any replica (admin API), enforced here within a second."""
-        try:
-            found = await self.overrides.load()
-        except DatabaseUnavailable:
-            return  # keep the ones we have; the database's state is in /health/ready
-        except Exception as exc:
-            log.error("reading live key limits failed: %r", exc)
-            return
-        for alias, o in found.items():
-            self.admission.overrides[alias] = Limits(o.requests_per_minute, o.tokens_per_minute)
-
     async def _maintain_ledger(self) -> None:
         try:
+            await self.spend_book.prune()
             moved = await self.ledger.maintain()
         except DatabaseUnavailable:
             return
@@ -449,6 +521,7 @@ class Gateway:
                 pass
             except Exception as exc:
                 log.error("ledger flush failed (kept for the next flush): %r", exc)
+            await self.live.refresh_spend()
 
     def render_metrics(self) -> bytes:
         """The exposition, with this process's gauges read at this instant."""
@@ -459,6 +532,7 @@ class Gateway:
         for d in self.domains:
             self.metrics.set_domain_state(d.name, d.healthy is not False, d.breaker.is_open)
             self.metrics.set_queue_depth(d.name, len(d.dispatcher.queue))
+            self.metrics.set_queue_capacity(d.name, d.dispatcher.queue.capacity)
             self.metrics.set_inflight(d.name, d.dispatcher.inflight)
             self.metrics.set_pace(d.name, d.dispatcher.pacer.rate())
 
@@ -478,18 +552,6 @@ class Gateway:
         seen[self.replica_id] = time.time()
         return seen
 
-    async def set_key_limits(self, key: KeySpec, rpm: int | None, tpm: int | None) -> Limits:
-        """A live per-key limit (admin API): durable, and enforced by every replica and
-        worker within a second (each reads `key_overrides` in its housekeeping)."""
-        current = self.admission.overrides.get(key.alias) or Limits(
-            key.requests_per_minute, key.tokens_per_minute
-        )
-        limits = Limits(rpm or current.requests_per_minute, tpm or current.tokens_per_minute)
-        await self.overrides.save(key.alias, limits.requests_per_minute, limits.tokens_per_minute)
-        self.admission.overrides[key.alias] = limits
-        log.warning("limits of key %s set live to %s", key.alias, limits)
-        return limits
-
     def database_health(self) -> dict[str, object]:
         """The database's part of `/health/ready` (informational: the gateway serves without
         it, buffering the ledger, so it never makes a replica unready)."""
@@ -508,4 +570,5 @@ def _anonymous(settings: Any) -> KeySpec:
         digests=(),
         tokens_per_minute=settings.rate_limit.tokens_per_minute,
         requests_per_minute=settings.rate_limit.requests_per_minute,
+        max_concurrent=settings.rate_limit.max_concurrent,
     )

@@ -77,37 +77,49 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+def redacted_url(url: str) -> str:
+    """A URL fit for a log line or the banner: any `user:password@` dropped."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    host = authority.rpartition("@")[2]
+    return f"{scheme}://{host}{slash}{path}"
+
+
+def output_problem(output: str, source: str) -> Problem | None:
+    """Why `logging.output` can not be written, or None: the one check `serve` makes at
+    start and `tokengate check` makes ahead of it."""
+    if output in ("stdout", "stderr"):
+        return None
+    path = Path(output)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return Problem(
+            source,
+            "logging.output",
+            f"directory {parent} does not exist",
+            "create it, or set logging.output to stdout/stderr (TOKENGATE_LOGGING__OUTPUT=stderr)",
+        )
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return Problem(
+            source,
+            "logging.output",
+            f"{path} is not writable",
+            "fix its permissions, or set logging.output to stdout/stderr",
+        )
+    return None
+
+
 def _stream_for(output: str, source: str) -> logging.Handler:
     if output == "stdout":
         return logging.StreamHandler(sys.stdout)
     if output == "stderr":
         return logging.StreamHandler(sys.stderr)
-    path = Path(output)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError(
-            [
-                Problem(
-                    source,
-                    "logging.output",
-                    f"directory {parent} does not exist",
-                    "create it, or set logging.output to stdout/stderr "
-                    "(TOKENGATE_LOGGING__OUTPUT=stderr)",
-                )
-            ]
-        )
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(
-            [
-                Problem(
-                    source,
-                    "logging.output",
-                    f"{path} is not writable",
-                    "fix its permissions, or set logging.output to stdout/stderr",
-                )
-            ]
-        )
-    return logging.FileHandler(path, encoding="utf-8")
+    problem = output_problem(output, source)
+    if problem is not None:
+        raise ConfigError([problem])
+    return logging.FileHandler(Path(output), encoding="utf-8")
 
 
 def setup_logging(cfg: LoggingConfig, secrets: Iterable[str], source: str) -> Redactor:

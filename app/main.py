@@ -9,7 +9,7 @@ module-level app: `factory()` builds one from the environment for uvicorn's
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
@@ -17,7 +17,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
-from app.api import admin, batches, errors, health, openai, stored_responses, ui
+from app.api import admin, batches, budgets, errors, health, openai, stored_responses, ui
+from app.api.access import AccessRecorder
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
@@ -33,9 +34,11 @@ def create_app(
     metrics: Metrics | None = None,
     transport_factory: TransportFactory | None = None,
     handle_signals: bool = False,
+    on_started: Callable[[Gateway], None] | None = None,
 ) -> ASGIApp:
     """The gateway's ASGI app: the pure-ASGI front (request id, disconnects, edge routes)
-    around FastAPI, which serves every other route."""
+    around FastAPI, which serves every other route. `on_started` is told once the
+    gateway has started (the CLI prints what the first probes found)."""
     gateway = Gateway(
         runtime, metrics or Metrics(new_registry()), transport_factory=transport_factory
     )
@@ -43,6 +46,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
+        if on_started is not None:
+            on_started(gateway)
         if handle_signals:  # a real server process, not a test harness
             tune_gc()
         drain = runtime.settings.server.drain_delay_sec
@@ -73,6 +78,7 @@ def create_app(
     app.include_router(stored_responses.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    app.include_router(budgets.router)
     if runtime.settings.ui.enabled:
         ui.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -84,6 +90,7 @@ def create_app(
         draining=lambda: gateway.draining,
         max_header_bytes=server.max_header_bytes,
         max_headers=server.max_headers,
+        recorder=AccessRecorder(gateway.metrics, lambda: gateway.runtime.settings.billing.currency),
     )
 
 

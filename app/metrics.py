@@ -203,6 +203,20 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.queue_capacity = Gauge(
+            "tokengate_queue_capacity",
+            "Requests a domain's queue holds (token_scheduler.queue_capacity): alerts compare "
+            "tokengate_queue_depth with it.",
+            ["domain"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.queue_full = Counter(
+            "tokengate_queue_full",
+            "Requests refused with 503 queue_full because a domain's queue was at capacity.",
+            ["domain"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "tokengate_queue_wait_seconds",
             "Time a request waited for a dispatch slot.",
@@ -296,6 +310,7 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self._add_agent_metrics(r)
         self.sockets = Gauge(
             "tokengate_responses_websocket_connections",
             "Open Responses API WebSocket connections (Codex CLI's first choice).",
@@ -328,6 +343,7 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._add_durable_state(r)
+        self._add_spend(r)
 
     def watch(self, board: StatusBoard | None) -> None:
         """Feed `board` (the status page's recent traffic) from the verbs below too."""
@@ -372,6 +388,14 @@ class Metrics:
         m = self.model_label(model)
         self._tally(self.requests, domain, m, str(status)).inc()
         self._tally(self.duration, domain, m).observe(seconds)
+        if self._ring is not None:
+            self._ring.answered(status)
+
+    def record_refused(self, domain: str, model: str | None, status: int) -> None:
+        """A request refused before the pipeline planned it (bad key, body, method, route):
+        its answer is counted; its duration says nothing about any domain, so it is not
+        observed."""
+        self._child(self.requests, domain, self.model_label(model), str(status)).inc()
         if self._ring is not None:
             self._ring.answered(status)
 
@@ -443,6 +467,17 @@ class Metrics:
         self._tally(self.queue_wait, domain).observe(seconds)
         if self._ring is not None:
             self._ring.queue_wait(seconds)
+
+    def add_domain(self, domain: str) -> None:
+        """Start a domain's event counters at 0, so `rate()` and `increase()` see their
+        first event (a series that appears at 1 hides it)."""
+        self._child(self.queue_full, domain)
+
+    def record_queue_full(self, domain: str) -> None:
+        self._child(self.queue_full, domain).inc()
+
+    def set_queue_capacity(self, domain: str, capacity: int) -> None:
+        self._child(self.queue_capacity, domain).set(capacity)
 
     def set_queue_depth(self, domain: str, depth: int) -> None:
         self._child(self.queue_depth, domain).set(depth)
@@ -529,6 +564,42 @@ class Metrics:
     def set_route_unresolved(self, model: str, unresolved: bool) -> None:
         self._child(self.route_unresolved, model).set(1 if unresolved else 0)
 
+    # -- coding agents: prompt-cache affinity, per-key concurrency -------------------------
+    def _add_agent_metrics(self, r: CollectorRegistry) -> None:
+        self.affinity = Counter(
+            "tokengate_affinity",
+            "Requests of a conversation placed by prompt-cache affinity, by the domain "
+            "chosen and how: home (its domain), spill (its domain over the load bound), "
+            "failover (its domain unavailable).",
+            ["domain", "outcome"],
+            registry=r,
+        )
+        self.prompt_cache = Counter(
+            "tokengate_prompt_cache_tokens",
+            "Prompt tokens the upstream reported as read from (kind=read) or written to "
+            "(kind=write) its prompt cache, by domain; part of tokens_total{kind=prompt}.",
+            ["domain", "kind"],
+            registry=r,
+        )
+        self.key_waits = Counter(
+            "tokengate_key_concurrency_waits",
+            "Requests that waited for their key's max_concurrent, by outcome (granted | timeout).",
+            ["key", "outcome"],
+            registry=r,
+        )
+
+    def record_affinity(self, domain: str, outcome: str) -> None:
+        self._child(self.affinity, domain, outcome).inc()
+
+    def record_prompt_cache(self, domain: str, read: int, written: int) -> None:
+        if read:
+            self._child(self.prompt_cache, domain, "read").inc(read)
+        if written:
+            self._child(self.prompt_cache, domain, "write").inc(written)
+
+    def record_key_wait(self, key: str, outcome: str) -> None:
+        self._child(self.key_waits, key, outcome).inc()
+
     # -- durable state (the database and the usage ledger) ---------------------------------
     def _add_durable_state(self, r: CollectorRegistry) -> None:
         self.database_up = Gauge(
@@ -575,6 +646,51 @@ class Metrics:
 
     def record_ledger_dropped(self) -> None:
         self.ledger_dropped.inc()
+
+    # -- cost and budgets ----------------------------------------------------------------
+    def _add_spend(self, r: CollectorRegistry) -> None:
+        self.cost = Counter(
+            "tokengate_cost",
+            "Spend in billing.currency units (from billing.prices; failed attempts' tokens "
+            "included), by key and model. Exact figures are in the ledger (/admin/usage).",
+            ["key", "model"],
+            registry=r,
+        )
+        self.unpriced = Counter(
+            "tokengate_unpriced_requests",
+            "Requests that consumed tokens on a model without a price (cost unknown).",
+            ["model"],
+            registry=r,
+        )
+        self.budget_used = Gauge(
+            "tokengate_budget_used_ratio",
+            "Spend of a budget's current period over its limit (1 = spent), by scope "
+            "(key|team), name, period (day|week|month|total) and metric (cost|tokens).",
+            ["scope", "name", "period", "metric"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.budget_exceeded = Counter(
+            "tokengate_budget_exceeded",
+            "Requests refused because a budget had no room for them (429 budget_exceeded).",
+            ["scope", "name", "budget"],
+            registry=r,
+        )
+
+    def record_spend(self, key: str, model: str | None, nanos: int | None) -> None:
+        m = self.model_label(model)
+        if nanos is None:
+            self._child(self.unpriced, m).inc()
+        elif nanos:
+            self._child(self.cost, key, m).inc(nanos / 1e9)
+
+    def set_budget_used(
+        self, scope: str, name: str, period: str, metric: str, ratio: float
+    ) -> None:
+        self._child(self.budget_used, scope, name, period, metric).set(ratio)
+
+    def record_budget_exceeded(self, scope: str, name: str, budget: str) -> None:
+        self._child(self.budget_exceeded, scope, name, budget).inc()
 
     # -- exposition ---------------------------------------------------------------------
     def render(self) -> bytes:

@@ -13,14 +13,17 @@ seed's overlapping fields get their one rule (README, "Configuration"):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pydantic import SecretStr
 
+from app.billing.budgets import Budget, Scope
+from app.billing.prices import to_nanos
 from app.config.errors import ConfigError, Problem
-from app.config.schema import KeyConfig, ScaleUpConfig, Settings
+from app.config.schema import BudgetConfig, KeyConfig, ScaleUpConfig, Settings
 from app.kinds import ApiStyle, Priority
 
 
@@ -51,6 +54,16 @@ class KeySpec:
     models: frozenset[str] | None = None
     domain: str | None = None
     expires_at: datetime | None = None
+    reserve_output: str | None = None  # None: rate_limit.reserve_output
+    max_concurrent: int | None = None  # None: no cap
+    team: str | None = None
+    budgets: tuple[Budget, ...] = ()
+
+
+@dataclass(frozen=True)
+class TeamSpec:
+    name: str
+    budgets: tuple[Budget, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,7 @@ class Runtime:
     workers: int = 1
     source: str = ""
     files: tuple[str, str] | None = None  # (config.toml, settings.json) for reloads
+    teams: tuple[TeamSpec, ...] = ()
 
     @property
     def default_model(self) -> str | None:
@@ -84,7 +98,8 @@ def compile_runtime(
 ) -> Runtime:
     problems: list[Problem] = []
     domains = _domains(settings, environ, problems, source)
-    keys = _keys(settings, {d.name for d in domains}, problems, source)
+    teams = _teams(settings, problems, source)
+    keys = _keys(settings, {d.name for d in domains}, {t.name for t in teams}, problems, source)
     if not keys and not no_auth:
         problems.append(
             Problem(
@@ -114,6 +129,7 @@ def compile_runtime(
         workers=workers,
         source=source,
         files=files,
+        teams=tuple(teams),
     )
 
 
@@ -194,7 +210,7 @@ def _base_url(url: str) -> str:
 
 
 def _keys(
-    settings: Settings, domains: set[str], problems: list[Problem], source: str
+    settings: Settings, domains: set[str], teams: set[str], problems: list[Problem], source: str
 ) -> list[KeySpec]:
     limits = settings.rate_limit
     out: list[KeySpec] = []
@@ -213,6 +229,16 @@ def _keys(
                     f"use one of: {', '.join(sorted(domains))}",
                 )
             )
+        if key.team is not None and key.team not in teams:
+            problems.append(
+                Problem(
+                    source,
+                    f"{where}.team",
+                    f"unknown team {key.team!r}",
+                    'add it to `teams` ({"name": ..., "budgets": [...]})'
+                    + (f", or use one of: {', '.join(sorted(teams))}" if teams else ""),
+                )
+            )
         for digest in key.digests():
             if digest in digests:
                 problems.append(
@@ -220,11 +246,57 @@ def _keys(
                 )
             digests.add(digest)
         aliases.add(key.alias)
-        out.append(_key_spec(key, limits.tokens_per_minute, limits.requests_per_minute))
+        spec = _key_spec(
+            key, limits.tokens_per_minute, limits.requests_per_minute, limits.max_concurrent
+        )
+        budgets = _budgets("key", key.alias, key.budgets, f"{where}.budgets", problems, source)
+        out.append(dataclasses.replace(spec, team=key.team, budgets=budgets))
     return out
 
 
-def _key_spec(key: KeyConfig, tpm: int, rpm: int) -> KeySpec:
+def _teams(settings: Settings, problems: list[Problem], source: str) -> list[TeamSpec]:
+    out: list[TeamSpec] = []
+    for i, team in enumerate(settings.teams):
+        where = f"teams[{i}]"
+        if any(t.name == team.name for t in out):
+            problems.append(Problem(source, f"{where}.name", "duplicate team name", "rename it"))
+            continue
+        budgets = _budgets("team", team.name, team.budgets, f"{where}.budgets", problems, source)
+        out.append(TeamSpec(team.name, budgets))
+    return out
+
+
+def _budgets(
+    scope: Scope,
+    owner: str,
+    found: list[BudgetConfig],
+    where: str,
+    problems: list[Problem],
+    source: str,
+) -> tuple[Budget, ...]:
+    """One `Budget` per limit: a `max_cost` and a `max_tokens` of one period are two."""
+    out: list[Budget] = []
+    for i, cfg in enumerate(found):
+        limits = (("cost", cfg.max_cost and to_nanos(cfg.max_cost)), ("tokens", cfg.max_tokens))
+        for metric, limit in limits:
+            if not limit:
+                continue
+            budget = Budget(scope, owner, cfg.period, metric, limit)  # type: ignore[arg-type]
+            if any(b.name == budget.name for b in out):
+                problems.append(
+                    Problem(
+                        source,
+                        f"{where}[{i}]",
+                        f"a second {cfg.period} {metric} budget for {scope} {owner!r}",
+                        "keep one budget per period and metric",
+                    )
+                )
+                continue
+            out.append(budget)
+    return tuple(out)
+
+
+def _key_spec(key: KeyConfig, tpm: int, rpm: int, concurrent: int | None = None) -> KeySpec:
     expires = key.expires_at
     if expires is not None and expires.tzinfo is None:
         expires = expires.replace(tzinfo=UTC)
@@ -237,4 +309,6 @@ def _key_spec(key: KeyConfig, tpm: int, rpm: int) -> KeySpec:
         models=frozenset(key.models) if key.models is not None else None,
         domain=key.domain,
         expires_at=expires,
+        reserve_output=key.reserve_output,
+        max_concurrent=key.max_concurrent or concurrent,
     )

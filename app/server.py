@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from app import banner
 from app.bootstrap import setup_process
+from app.listen import AddressInUse, bind
 from app.runtime import Runtime
 from app.signals import exit_cleanly
+
+if TYPE_CHECKING:
+    from app.gateway import Gateway
 
 log = logging.getLogger("tokengate.server")
 
@@ -49,24 +55,55 @@ def _config(app: Any, runtime: Runtime, host: str, port: int, workers: int) -> u
 
 def run_server(runtime: Runtime, host: str, port: int, *, workers: int = 1) -> int:
     setup_process(runtime)
+    try:
+        sock = bind(host, port)
+    except AddressInUse as exc:
+        log.error("cannot listen: %s", exc.strerror)
+        _say(f"tokengate: cannot listen: {exc.strerror}")
+        return 1
+    shown = f"[{host}]" if ":" in host else host
+    _say(banner.render(runtime, f"http://{shown}:{sock.getsockname()[1]}", workers=workers))
     if workers == 1:
         from app.main import create_app
 
-        app = create_app(runtime, handle_signals=True)
+        app = create_app(runtime, handle_signals=True, on_started=_ready)
         server = uvicorn.Server(_config(app, runtime, host, port, 1))
         # uvicorn re-raises the SIGTERM it captured once shutdown is done; a completed
         # drain is a clean exit, so that re-raised signal ends the process with 0.
         signal.signal(signal.SIGTERM, exit_cleanly)
+        code = 0
         try:
-            server.run()
+            server.run(sockets=[sock])
         except SystemExit as done:
-            return int(done.code or 0)
-        return 0 if server.started else 1
+            code = int(done.code or 0)
+        if not server.started:
+            _say(f"tokengate: start-up failed; the reason is in the log ({_log_place(runtime)})")
+            return code or 1
+        return code
     config = _config("app.main:factory", runtime, host, port, workers)
     log.info("starting %d workers on %s:%d", workers, host, port)
-    sock = config.bind_socket()
     _supervisor(runtime)(config, sockets=[sock]).run()
     return 0
+
+
+def _say(text: str) -> None:
+    """The terminal, whatever `logging.output` says (the log may be a file)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def _log_place(runtime: Runtime) -> str:
+    return runtime.settings.logging.output
+
+
+def _ready(gateway: Gateway) -> None:
+    """Once started (one process): what the first health probe found, per domain."""
+    states = []
+    for d in gateway.domains:
+        probe = d.last_probe
+        detail = f": {probe.detail}" if probe is not None and not probe.ok and probe.detail else ""
+        states.append(f"{d.name} {d.state()}{detail}")
+    _say(f"tokengate: serving; {'; '.join(states)}")
 
 
 def _supervisor(runtime: Runtime) -> Any:
@@ -75,6 +112,9 @@ def _supervisor(runtime: Runtime) -> Any:
     from app.bootstrap import reload_runtime
     from app.config.errors import ConfigError
     from app.metrics import mark_process_dead
+    from app.reload import describe_reload, log_reload
+
+    running = [runtime]  # what the workers run now: the baseline of the next reload
 
     class Supervisor(Multiprocess):
         """uvicorn's supervisor, but SIGHUP validates the files before replacing workers
@@ -83,12 +123,14 @@ def _supervisor(runtime: Runtime) -> Any:
 
         def handle_hup(self) -> None:
             try:
-                reload_runtime(runtime)
+                new = reload_runtime(runtime)
             except ConfigError as exc:
                 log.error(
                     "reload refused, workers keep the running configuration:\n%s", exc.render()
                 )
                 return
+            log_reload(describe_reload(running[0], new, replaced=True))
+            running[0] = new
             before = {p.pid for p in self.processes}
             super().handle_hup()
             for pid in before - {p.pid for p in self.processes}:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import hmac
-from datetime import UTC, datetime
-from typing import Annotated
+from datetime import UTC, date, datetime
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api import views
 from app.api.deps import GatewayDep
+from app.billing.periods import Calendar
+from app.billing.report import QUARTER, Granularity, Report, build
 from app.db.engine import DatabaseUnavailable
 from app.db.usage import UsageQuery
 from app.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable
 from app.gateway import Gateway
+from app.runtime import KeySpec
 
 router = APIRouter(prefix="/admin")
 
@@ -35,15 +39,46 @@ async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
 AdminDep = Annotated[Gateway, Depends(_admin)]
 
 
-@router.get("/usage")
+GROUPS = ("key", "team", "model", "domain")
+
+
+@router.get("/usage", response_model=None)
 async def usage(
+    request: Request,
     gateway: AdminDep,
     start: Annotated[str | None, Query(alias="from")] = None,
     end: Annotated[str | None, Query(alias="to")] = None,
-) -> dict[str, object]:
-    """The ledger per key and model; `from` (inclusive) and `to` (exclusive) are ISO 8601
-    instants (UTC if no zone) or epoch seconds."""
-    query = UsageQuery(start=_instant(start, "from"), end=_instant(end, "to"))
+    group_by: Annotated[str | None, Query()] = None,
+    granularity: Annotated[Literal["hour", "day"] | None, Query()] = None,
+) -> Any:
+    """The ledger, priced: per key and model (default), or grouped by any of key, team,
+    model, domain (`group_by=team,model`), per local hour or day of `billing.timezone`
+    (`granularity`); `from` (inclusive) and `to` (exclusive) are ISO 8601 instants (UTC if
+    no zone) or epoch seconds. CSV with `Accept: text/csv`. The default answer keeps its
+    first shape (`object`, `data`); asked for groups or periods it adds `totals`."""
+    groups = _groups(group_by)
+    query = UsageQuery(
+        start=parse_instant(start, "from", gateway.calendar),
+        end=parse_instant(end, "to", gateway.calendar),
+        group_by=groups,
+        granularity=QUARTER if granularity else None,
+    )
+    report = await _report(gateway, query, granularity)
+    if "text/csv" in request.headers.get("accept", ""):
+        return Response(report.csv(), media_type="text/csv; charset=utf-8")
+    body: dict[str, object] = {"object": "list", "data": report.rows()}
+    if group_by is not None or granularity is not None:
+        body |= {
+            "group_by": list(groups),
+            "granularity": granularity,
+            "currency": report.currency,
+            "timezone": report.calendar.timezone,
+            "totals": report.totals(),
+        }
+    return body
+
+
+async def _report(gateway: Gateway, query: UsageQuery, granularity: Granularity | None) -> Report:
     await gateway.settled()
     try:
         rows = await gateway.ledger.report(query)
@@ -54,10 +89,31 @@ async def usage(
             code="database_unavailable",
             retry_after=5.0,
         ) from None
-    return {"object": "list", "data": rows}
+    return build(
+        rows,
+        group_by=query.group_by,
+        granularity=granularity,
+        calendar=gateway.calendar,
+        currency=gateway.runtime.settings.billing.currency,
+    )
 
 
-def _instant(value: str | None, param: str) -> int | None:
+def _groups(value: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ("key", "model")
+    groups = tuple(dict.fromkeys(g.strip() for g in value.split(",") if g.strip()))
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown or not groups:
+        raise InvalidRequest(
+            f"'group_by' takes one or more of {', '.join(GROUPS)} (comma-separated)",
+            param="group_by",
+        )
+    return groups
+
+
+def parse_instant(value: str | None, param: str, calendar: Calendar | None = None) -> int | None:
+    """Epoch seconds, or ISO 8601 (UTC if no zone); a bare date is its midnight in
+    `billing.timezone` when a calendar is given (reports: `from=2026-11-01`)."""
     if value is None or value == "":
         return None
     try:
@@ -66,6 +122,11 @@ def _instant(value: str | None, param: str) -> int | None:
         raise InvalidRequest(f"'{param}' is out of range", param=param) from None
     except ValueError:
         pass
+    if calendar is not None and len(value) == 10:
+        try:
+            return int(calendar.midnight(date.fromisoformat(value)))
+        except ValueError:
+            pass
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -87,26 +148,55 @@ class LimitsChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     requests_per_minute: int | None = Field(None, gt=0)
     tokens_per_minute: int | None = Field(None, gt=0)
+    max_concurrent: int | None = Field(None, gt=0)
+
+
+def _key(gateway: Gateway, alias: str) -> KeySpec:
+    key = gateway.keys.by_alias.get(alias)
+    if key is None:
+        raise NotFound(f"no gateway key with alias '{alias}'", param="alias")
+    return key
+
+
+def _database_down() -> ServiceUnavailable:
+    return ServiceUnavailable(
+        "live limits are kept in the database, which is unreachable: try again, or edit "
+        "settings.json and send SIGHUP",
+        code="database_unavailable",
+        retry_after=5.0,
+    )
 
 
 @router.put("/keys/{alias}/limits")
 async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
-    key = gateway.keys.by_alias.get(alias)
-    if key is None:
-        raise NotFound(f"no gateway key with alias '{alias}'", param="alias")
+    key = _key(gateway, alias)
     try:
-        limits = await gateway.set_key_limits(
+        limits = await gateway.live.set_key_limits(
             key, change.requests_per_minute, change.tokens_per_minute
         )
     except DatabaseUnavailable:
-        raise ServiceUnavailable(
-            "live limits are kept in the database, which is unreachable: try again, or edit "
-            "settings.json and send SIGHUP",
-            code="database_unavailable",
-            retry_after=5.0,
-        ) from None
+        raise _database_down() from None
+    if change.max_concurrent is not None:
+        await gateway.live.set_key_concurrency(key, change.max_concurrent)
     return {
         "alias": alias,
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
+        "max_concurrent": gateway.pipeline.holds.gate.cap(alias, key.max_concurrent),
+    }
+
+
+@router.delete("/keys/{alias}/limits")
+async def clear_limits(alias: str, gateway: AdminDep) -> dict[str, object]:
+    """Clear a live override: the key's limits are the files' again (on every replica)."""
+    key = _key(gateway, alias)
+    try:
+        cleared = await gateway.live.clear_key_limits(key)
+    except DatabaseUnavailable:
+        raise _database_down() from None
+    return {
+        "alias": alias,
+        "cleared": cleared is not None,
+        "requests_per_minute": key.requests_per_minute,
+        "tokens_per_minute": key.tokens_per_minute,
     }

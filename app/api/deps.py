@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.types import Scope
 
+from app.api.access import identify
 from app.gateway import Gateway
 from app.runtime import KeySpec
 
@@ -27,7 +28,9 @@ def caller_of(scope: Scope, gateway: Gateway) -> KeySpec:
             authorization = value.decode("latin-1")
         elif name == b"x-api-key":
             api_key = value.decode("latin-1")
-    return gateway.keys.authenticate(authorization, api_key)
+    caller = gateway.keys.authenticate(authorization, api_key)
+    identify(scope, caller)
+    return caller
 
 
 async def _caller(request: Request, gateway: GatewayDep) -> KeySpec:

@@ -18,6 +18,7 @@ import time
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.api.access import note_of, refused
 from app.api.body import ClientGone, read_body
 from app.api.errors import render
 from app.api.responses import SseResponse, send_json
@@ -28,18 +29,21 @@ from app.pipeline.answer import Answer, JsonAnswer
 from app.pipeline.request import (
     CHAT,
     COMPLETIONS,
+    COUNT_TOKENS,
     EMBEDDINGS,
     MESSAGES,
     RESPONSES,
     RESPONSES_COMPACT,
     Endpoint,
 )
+from app.pipeline.session import SESSION_HEADERS
 from app.pipeline.wire import parse_call
 from app.upstream.client import forwardable
 
 log = logging.getLogger("tokengate.errors")
 ROUTES: dict[str, Endpoint] = {
-    e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES, RESPONSES_COMPACT)
+    e.path: e
+    for e in (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, COUNT_TOKENS, RESPONSES, RESPONSES_COMPACT)
 }
 
 
@@ -57,6 +61,8 @@ class EdgeRoutes:
             await self.app(scope, receive, send)
             return
         response: Response
+        if (note := note_of(scope)) is not None:
+            note.endpoint = endpoint.name
         if scope["method"] != "POST":
             if endpoint is RESPONSES and _upgrade(scope):
                 # A WebSocket upgrade that reached us as plain HTTP: this server runs without
@@ -68,18 +74,23 @@ class EdgeRoutes:
                 await render(refusal)(scope, receive, send)
                 return
             # OpenAI's body on every path, /v1/messages included (as it always was)
-            response = render(MethodNotAllowed(scope["method"], scope["path"]))
+            wrong = MethodNotAllowed(scope["method"], scope["path"])
+            refused(scope, wrong)
+            response = render(wrong)
             await response(scope, receive, send)
             return
         try:
             answer = await self._answer(endpoint, scope, receive)
         except GatewayError as exc:
+            refused(scope, exc)
             response = render(exc, anthropic=endpoint.anthropic)
         except ClientGone:
             return
         except Exception as exc:
             log.error("unhandled error on %s", scope["path"], exc_info=exc)
-            response = render(InternalError(), anthropic=endpoint.anthropic)
+            bug = InternalError()
+            refused(scope, bug)
+            response = render(bug, anthropic=endpoint.anthropic)
         else:
             if isinstance(answer, JsonAnswer):
                 await send_json(answer, send)
@@ -90,22 +101,47 @@ class EdgeRoutes:
     async def _answer(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> Answer:
         started = time.perf_counter()
         gateway = self.gateway
-        authorization = api_key = None
+        authorization = api_key = session = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
             elif name == b"x-api-key":
                 api_key = value.decode("latin-1")
+            elif name in SESSION_HEADERS:
+                session = value.decode("latin-1")
         caller = gateway.keys.authenticate(authorization, api_key)
+        note = scope["state"].get("access")
+        if note is not None:
+            note.key, note.team = caller.alias, caller.team
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
         call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
-        if endpoint.responses:
-            return await gateway.responses.create(call)
-        return await gateway.pipeline.handle(call)
+        call.session_header = session
+        if gateway.tracer is not None:
+            call.trace_context = _trace_headers(scope["headers"])
+        if note is not None:
+            note.model = call.model
+        try:
+            if not endpoint.generates:
+                return await gateway.pipeline.count_tokens(call)
+            if endpoint.responses:
+                return await gateway.responses.create(call)
+            return await gateway.pipeline.handle(call)
+        finally:
+            if note is not None:  # the pipeline wrote the line of a request it took
+                note.handled = call.in_pipeline
 
 
 def _upgrade(scope: Scope) -> bool:
     return any(
         name == b"upgrade" and value.lower() == b"websocket" for name, value in scope["headers"]
     )
+
+
+def _trace_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The client's W3C trace context, continued by the request's span (tracing on)."""
+    return {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in headers
+        if name in (b"traceparent", b"tracestate")
+    }

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from app.api.access import refused
 from app.errors import (
     FrameworkRefused,
     GatewayError,
@@ -53,9 +54,14 @@ def render(exc: GatewayError, *, anthropic: bool = False) -> Response:
     )
 
 
+def _answer(request: Request, exc: GatewayError) -> Response:
+    refused(request.scope, exc)  # its code goes on the request's access-log line
+    return render(exc, anthropic=request.url.path == "/v1/messages")
+
+
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return render(exc, anthropic=request.url.path == "/v1/messages")
+    return _answer(request, exc)
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
@@ -63,21 +69,24 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     first = exc.errors()[0] if exc.errors() else {}
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
     where = loc or "request body (a JSON object is expected)"
-    return render(
-        InvalidRequest(f"{where}: {first.get('msg', 'invalid request')}", param=loc or None)
+    return _answer(
+        request,
+        InvalidRequest(f"{where}: {first.get('msg', 'invalid request')}", param=loc or None),
     )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return render(NotFound(f"Unknown request URL: {request.method} {request.url.path}"))
-    return render(FrameworkRefused(exc.status_code, str(exc.detail)))
+        return _answer(
+            request, NotFound(f"Unknown request URL: {request.method} {request.url.path}")
+        )
+    return _answer(request, FrameworkRefused(exc.status_code, str(exc.detail)))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("unhandled error on %s", request.url.path, exc_info=exc)
-    return render(InternalError())
+    return _answer(request, InternalError())
 
 
 def install(app: FastAPI) -> None:

@@ -4,17 +4,21 @@
 a sane token, else a fresh one), stores it in `scope["state"]` and returns it in the
 `x-request-id` response header, on errors too. While the gateway drains it also sends
 `connection: close`, so keep-alive clients reconnect (to a live worker or replica)
-instead of racing the listener's shutdown on an idle connection.
+instead of racing the listener's shutdown on an idle connection. It is also where a
+request nothing deeper recorded gets its access-log line (`app.api.access`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Callable
 from random import getrandbits
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.access import AccessNote, AccessRecorder, refused
 from app.api.errors import render
 from app.errors import HeadersTooLarge
 
@@ -34,11 +38,13 @@ class RequestContext:
         draining: Callable[[], bool] = lambda: False,
         max_header_bytes: int = 64 * 1024,
         max_headers: int = 128,
+        recorder: AccessRecorder | None = None,
     ) -> None:
         self.app = app
         self.draining = draining
         self.max_header_bytes = max_header_bytes
         self.max_headers = max_headers
+        self.recorder = recorder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,20 +56,47 @@ class RequestContext:
             size += len(name) + len(value)
             if name == b"x-request-id" and rid is None and _SAFE_ID.match(value):
                 rid = value.decode()
+        started = time.perf_counter()
+        note = AccessNote()
+        note.endpoint = scope["path"][:200]
+        state = scope.setdefault("state", {})
+        state["access"] = note
+        status: int | None = None
         if size > self.max_header_bytes or len(scope["headers"]) > self.max_headers:
             # httptools sets no bound of its own; headers must not bypass the body limit
-            response = render(HeadersTooLarge(self.max_header_bytes, self.max_headers))
-            response.headers["x-request-id"] = new_request_id()
+            error = HeadersTooLarge(self.max_header_bytes, self.max_headers)
+            refused(scope, error)
+            rid = new_request_id()
+            response = render(error)
+            response.headers["x-request-id"] = rid
             await response(scope, receive, send)
+            self._record(scope, note, rid, error.status, started)
             return
         rid = rid or new_request_id()
-        scope.setdefault("state", {})["request_id"] = rid
+        state["request_id"] = rid
         header = (b"x-request-id", rid.encode())
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 extra = [header, (b"connection", b"close")] if self.draining() else [header]
                 message["headers"] = [*message.get("headers", ()), *extra]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            self._record(scope, note, rid, status, started)  # None: the client left
+            raise
+        except BaseException:
+            self._record(scope, note, rid, status or 500, started)
+            raise
+        self._record(scope, note, rid, status, started)
+
+    def _record(
+        self, scope: Scope, note: AccessNote, rid: str, status: int | None, started: float
+    ) -> None:
+        if self.recorder is not None and not note.handled:
+            ms = (time.perf_counter() - started) * 1000
+            self.recorder.record(scope, note, rid, status, ms)

@@ -46,7 +46,7 @@ def not_served(gateway: Gateway) -> UpgradeRequired | None:
             "the Responses WebSocket mode is off on this gateway (responses.websocket); "
             "use POST /v1/responses"
         )
-    if not gateway.pipeline.responders:
+    if not gateway.pipeline.planner.responders:
         return UpgradeRequired(
             "no domain of this gateway serves the Responses API; use POST /v1/responses"
         )

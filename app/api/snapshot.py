@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from app.api import views
+from app.billing.prices import amount
 from app.dispatch.domain import Domain
 from app.gateway import Gateway
 from app.limits.admission import KeyUse
+from app.limits.spend import BudgetState
 from app.runtime import KeySpec
 from app.status.board import StatusBoard
 
 NEAR_LIMIT = 0.1  # a key with less than this share of a limit left is worth a look
+NEAR_BUDGET = 0.8  # a budget this much spent is worth a look (the alert's threshold)
 QUEUE_NEARLY_FULL = 0.8
 ERROR_SHARE = 0.05  # of the last minute's answers being 5xx
 CRITICAL, WARNING = "critical", "warning"
@@ -38,6 +41,7 @@ async def snapshot(gateway: Gateway, board: StatusBoard) -> dict[str, object]:
     for body in status["domains"].values():  # type: ignore[attr-defined]
         body["queue_capacity"] = capacity
     uses = [(k, gateway.admission.use(k)) for k in _keys(gateway)]
+    budgets = gateway.spend.states(now)
     return {
         "generated_unix": round(now, 3),
         "replica": {
@@ -52,11 +56,11 @@ async def snapshot(gateway: Gateway, board: StatusBoard) -> dict[str, object]:
             {"level": level, "text": text}
             # critical first; sorted() keeps the order of the checks within a level
             for level, text in sorted(
-                attention(gateway, board, uses), key=lambda a: a[0] != CRITICAL
+                attention(gateway, board, uses, budgets), key=lambda a: a[0] != CRITICAL
             )
         ],
         "status": status,
-        "keys": [_key(k, use) for k, use in uses],
+        "keys": [_key(k, use, _fullest(k, budgets)) for k, use in uses],
         **board.snapshot(),
     }
 
@@ -67,7 +71,33 @@ def _keys(gateway: Gateway) -> list[KeySpec]:
     return [gateway.keys.anonymous]  # --no-auth: every request is the anonymous key's
 
 
-def _key(key: KeySpec, use: KeyUse) -> dict[str, object]:
+def _fullest(key: KeySpec, budgets: Sequence[BudgetState]) -> BudgetState | None:
+    """The key's budget nearest its limit, its team's included (either refuses it)."""
+    mine = [
+        b
+        for b in budgets
+        if (b.budget.scope, b.budget.owner) in (("key", key.alias), ("team", key.team))
+    ]
+    return max(mine, key=lambda b: b.ratio, default=None)
+
+
+def _budget(state: BudgetState | None) -> dict[str, object] | None:
+    if state is None:
+        return None
+    b = state.budget
+    show = amount if b.metric == "cost" else int
+    period = b.period if b.scope == "key" else f"{b.period}, team {b.owner}"
+    return {
+        "used": show(state.spent),
+        "limit": show(b.limit),
+        "period": f"{period} {b.metric}",
+        "metric": b.metric,
+        "scope": b.scope,
+        "resets_at": state.window.end,
+    }
+
+
+def _key(key: KeySpec, use: KeyUse, budget: BudgetState | None = None) -> dict[str, object]:
     left = use.remaining
     return {
         "alias": key.alias,
@@ -83,9 +113,9 @@ def _key(key: KeySpec, use: KeyUse) -> dict[str, object]:
         },
         "source": use.source,
         "age_sec": use.age_sec,
-        # Budgets (spend over a period) do not exist yet; the page adds a column as soon
-        # as an entry carries one: {"used": .., "limit": .., "period": ..}.
-        "budget": None,
+        # The budget nearest its limit (the key's or its team's); the page adds a column
+        # as soon as an entry carries one: {"used": .., "limit": .., "period": ..}.
+        "budget": _budget(budget),
     }
 
 
@@ -98,7 +128,10 @@ def _replicas(seen: dict[str, float], me: str, now: float) -> list[dict[str, obj
 
 # -- what needs a look ------------------------------------------------------------------
 def attention(
-    gateway: Gateway, board: StatusBoard, uses: list[tuple[KeySpec, KeyUse]]
+    gateway: Gateway,
+    board: StatusBoard,
+    uses: list[tuple[KeySpec, KeyUse]],
+    budgets: Sequence[BudgetState] = (),
 ) -> Iterator[tuple[str, str]]:
     """(level, sentence) pairs: `critical` when requests fail now, else `warning`."""
     if gateway.draining:
@@ -116,6 +149,8 @@ def attention(
         yield WARNING, f"route target '{model}' is listed by no domain's /v1/models"
     for key, use in uses:
         yield from _near_limit(key.alias, use)
+    for state in budgets:
+        yield from _near_budget(state)
     answers = board.ring.recent_statuses(60)
     total = sum(answers.values())
     if total and answers["5xx"] / total > ERROR_SHARE:
@@ -147,3 +182,20 @@ def _near_limit(alias: str, use: KeyUse) -> Iterator[tuple[str, str]]:
     ):
         if left < NEAR_LIMIT * limit:
             yield WARNING, f"key {alias}: {limit - left} of its {limit} {kind}/min in use"
+
+
+def _near_budget(state: BudgetState) -> Iterator[tuple[str, str]]:
+    b = state.budget
+    if state.ratio >= 1:
+        yield (
+            CRITICAL,
+            (
+                f"{b.scope} {b.owner}: its {b.period} {b.metric} budget is spent; its requests "
+                "get 429 budget_exceeded until the period resets"
+            ),
+        )
+    elif state.ratio >= NEAR_BUDGET:
+        yield (
+            WARNING,
+            f"{b.scope} {b.owner}: {state.ratio:.0%} of its {b.period} {b.metric} budget spent",
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from app.gateway import Gateway
+from app.pipeline.aliases import is_pattern
 
 
 def readiness(gateway: Gateway) -> tuple[bool, dict[str, object]]:
@@ -45,6 +46,7 @@ def status(gateway: Gateway) -> dict[str, object]:
                 **d.status(),
                 "retry_budget": d.budget.snapshot(),
                 "queue_by_priority": d.dispatcher.queue.depth_by_priority(),
+                "dispatch": d.dispatcher.settings(),
             }
             for d in gateway.domains
         },
@@ -59,7 +61,7 @@ def status(gateway: Gateway) -> dict[str, object]:
 
 
 def _limits(gateway: Gateway) -> dict[str, object]:
-    s, admission = gateway.runtime.settings, gateway.admission
+    s, admission, holds = gateway.runtime.settings, gateway.admission, gateway.pipeline.holds
     keys = [
         {
             "alias": k.alias,
@@ -68,6 +70,8 @@ def _limits(gateway: Gateway) -> dict[str, object]:
             "models": sorted(k.models) if k.models is not None else None,
             "limits": admission.limits_for(k)._asdict(),
             "live_override": k.alias in admission.overrides,
+            "max_concurrent": holds.gate.cap(k.alias, k.max_concurrent),
+            "reserve_output": k.reserve_output or s.rate_limit.reserve_output,
         }
         for k in gateway.runtime.keys
     ]
@@ -83,9 +87,43 @@ def _limits(gateway: Gateway) -> dict[str, object]:
 
 
 def models(gateway: Gateway) -> list[str]:
-    """Every model some domain lists, and every alias (clients may ask for either)."""
+    """Every model some domain lists, and every alias (clients may ask for either; a
+    pattern alias such as `claude-*` names no model, so it is not listed)."""
     seen: set[str] = set()
     for d in gateway.domains:
         seen |= set(d.models() or ())
-    seen |= set(gateway.runtime.settings.model_aliases)
+    seen |= {a for a in gateway.runtime.settings.model_aliases if not is_pattern(a)}
     return sorted(seen)
+
+
+def openai_model(model: str) -> dict[str, object]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "tokengate"}
+
+
+def anthropic_model(model: str) -> dict[str, object]:
+    return {
+        "type": "model",
+        "id": model,
+        "display_name": model,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
+
+
+def anthropic_models(
+    ids: list[str], limit: int, after: str | None, before: str | None
+) -> dict[str, object]:
+    """Anthropic's page: `limit` ids after `after_id` (or just before `before_id`)."""
+    if after is not None:
+        ids = ids[ids.index(after) + 1 :] if after in ids else []
+        page, more = ids[:limit], len(ids) > limit
+    elif before is not None:
+        ids = ids[: ids.index(before)] if before in ids else []
+        page, more = ids[-limit:], len(ids) > limit
+    else:
+        page, more = ids[:limit], len(ids) > limit
+    return {
+        "data": [anthropic_model(m) for m in page],
+        "has_more": more,
+        "first_id": page[0] if page else None,
+        "last_id": page[-1] if page else None,
+    }

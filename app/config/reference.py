@@ -42,6 +42,33 @@ def _nested(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _items(annotation: Any) -> tuple[str, type[BaseModel]] | None:
+    """A list of sections (`keys[]`) or a map of them (`billing.prices.<model>`)."""
+    args: tuple[Any, ...] = getattr(annotation, "__args__", ())
+    origin = getattr(annotation, "__origin__", None)
+    item = _nested(args[-1]) if args else None
+    if item is None:
+        return None
+    if origin is list:
+        return "[]", item
+    if origin is dict:
+        return ".<name>", item
+    return None
+
+
+def _item_rows(model: type[BaseModel], prefix: str, env: str) -> list[str]:
+    """Rows of the fields inside a JSON list or map, set through its variable."""
+    rows: list[str] = []
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        items = _items(field.annotation)
+        desc = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{dotted}` | (in {env}) | {_default(field)} | {desc} |")
+        if items is not None:
+            rows += _item_rows(items[1], dotted + items[0] + ".", env)
+    return rows
+
+
 def _rows(model: type[BaseModel], prefix: str, env_prefix: str) -> list[str]:
     rows: list[str] = []
     for name, field in model.model_fields.items():
@@ -54,6 +81,12 @@ def _rows(model: type[BaseModel], prefix: str, env_prefix: str) -> list[str]:
         if dotted == "scale_up":
             rows.append(f"| `scale_up` | `{env}` (JSON) | unset | {field.description} |")
             rows += _rows(ScaleUpConfig, "scale_up[].", "")
+            continue
+        items = _items(field.annotation)
+        if items is not None and env_prefix:
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{dotted}` | `{env}` (JSON) | {_default(field)} | {desc} |")
+            rows += _item_rows(items[1], dotted + items[0] + ".", f"`{env}`")
             continue
         if dotted == "api_key":
             env = "(not settable: `${VAR}` in settings.json)"

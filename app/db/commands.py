@@ -51,8 +51,20 @@ def prepare_for_serve(settings: Settings) -> None:
     asyncio.run(_with_db(settings, prepare))
 
 
+def open_database(settings: Settings) -> Database:
+    """The database as `serve` opens it; a SQLite directory that can not be made (a file
+    in the way, no permission) is a `DatabaseProblem` naming it, not a traceback."""
+    try:
+        return Database(settings.database)
+    except OSError as exc:
+        raise DatabaseProblem(
+            f"database.path {settings.database.path}: its directory can not be created "
+            f"({exc.strerror or exc}): fix the path or its permissions"
+        ) from None
+
+
 async def _with_db(settings: Settings, command: Callable[[Database], Awaitable[int]]) -> int:
-    db = Database(settings.database)
+    db = open_database(settings)
     try:
         return await command(db)
     except DatabaseUnavailable as exc:

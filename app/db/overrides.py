@@ -3,8 +3,9 @@
 `PUT /admin/keys/{alias}/limits` writes a row here; every process reads the table at start
 and once a second (the gateway's housekeeping), so a change made on one replica is
 enforced by all of them within a second and survives restarts, with or without Redis.
-A row stays until the key's limits are changed again (settings.json and SIGHUP do not
-remove it: the live value was set on purpose, later than the file).
+A row stays until the key's limits are changed again or it is cleared (`DELETE
+/admin/keys/{alias}/limits`); settings.json and SIGHUP do not remove it: the live value was
+set on purpose, later than the file (each reload lists the overrides that hide a file value).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class OverrideBook:
         )
         async with self.db.begin() as conn:
             await conn.execute(stmt)
+
+    async def delete(self, alias: str) -> None:
+        async with self.db.begin() as conn:
+            await conn.execute(key_overrides.delete().where(key_overrides.c.alias == alias))
 
     async def load(self) -> dict[str, Override]:
         stmt = select(

@@ -1,7 +1,10 @@
 """Every table of the durable store, in one place (the migrations create the same).
 
-    usage_minute   the ledger: one row per (minute, key, model, domain, status), counters
+    usage_minute   the ledger: one row per (minute, key, model, domain, status, team), counters
     usage_hour     the same, rolled up once minutes pass `ledger.minute_retention_days`
+    budget_spend   spend per (scope, owner, period id): cost and tokens, added in the same
+                   transaction as the ledger rows they come from (budgets read it)
+    budget_overrides  temporary budget limits set through the admin API, until a time
     ledger_writers one row per ledger writer (process): the last flush it committed, so a
                    flush whose commit acknowledgement was lost is not added twice
     files          Batch API files (metadata); content in file_chunks, 1 MiB per row
@@ -42,8 +45,10 @@ metadata = MetaData(
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
 # The ledger's shape. The flush, the roll-up and the reports read these tuples, so a new
-# counter needs a migration and one name here.
-DIMENSIONS = ("key", "model", "domain", "status")
+# counter needs a migration and one name here. `team` is the key's team when the request
+# was made ("-": none); `cost_nanos` is in nano-units of `billing.currency`, and counts
+# only priced requests: `unpriced_requests` says how many had no price (cost unknown).
+DIMENSIONS = ("key", "model", "domain", "status", "team")
 COUNTERS = (
     "requests",
     "errors",
@@ -52,6 +57,10 @@ COUNTERS = (
     "cached_tokens",
     "failed_prompt_tokens",
     "failed_completion_tokens",
+    "cache_write_tokens",
+    "estimated_requests",
+    "unpriced_requests",
+    "cost_nanos",
 )
 
 
@@ -65,6 +74,7 @@ def _usage(name: str) -> Table:
         Column("model", String(256), nullable=False),
         Column("domain", String(128), nullable=False),
         Column("status", Integer, nullable=False),
+        Column("team", String(128), nullable=False, server_default="-"),
         *(Column(c, BigInteger, nullable=False, server_default="0") for c in COUNTERS),
         Index(f"uq_{name}_dims", "bucket", *DIMENSIONS, unique=True),
     )
@@ -132,5 +142,28 @@ key_overrides = Table(
     Column("alias", String(128), primary_key=True),
     Column("requests_per_minute", BigInteger, nullable=False),
     Column("tokens_per_minute", BigInteger, nullable=False),
+    Column("updated_at", Double, nullable=False),
+)
+
+budget_spend = Table(
+    "budget_spend",
+    metadata,
+    Column("scope", String(8), primary_key=True),
+    Column("owner", String(128), primary_key=True),
+    Column("period", String(32), primary_key=True),
+    Column("cost_nanos", BigInteger, nullable=False, server_default="0"),
+    Column("tokens", BigInteger, nullable=False, server_default="0"),
+    Column("updated_at", Double, nullable=False),
+)
+
+budget_overrides = Table(
+    "budget_overrides",
+    metadata,
+    Column("scope", String(8), primary_key=True),
+    Column("owner", String(128), primary_key=True),
+    Column("period", String(8), primary_key=True),
+    Column("metric", String(8), primary_key=True),
+    Column("limit_value", BigInteger, nullable=False),
+    Column("until", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
 )

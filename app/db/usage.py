@@ -26,9 +26,18 @@ from sqlalchemy import Table, delete, func, select, union_all
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.db.engine import Database
-from app.db.tables import COUNTERS, DIMENSIONS, ledger_writers, usage_hour, usage_minute
+from app.db.tables import (
+    COUNTERS,
+    DIMENSIONS,
+    budget_spend,
+    ledger_writers,
+    usage_hour,
+    usage_minute,
+)
 
-BucketKey = tuple[int, str, str, str, int]  # bucket (epoch s), key, model, domain, status
+# bucket (epoch s), key, model, domain, status, team
+BucketKey = tuple[int, str, str, str, int, str]
+SpendRow = tuple[str, str, str]  # scope ("key" | "team"), owner, period id
 HOUR = 3600
 DAY = 86400
 WRITERS_KEPT_SEC = 30 * DAY  # a writer idle this long (its process is gone) is forgotten
@@ -56,8 +65,15 @@ class UsageBook:
         self.db = db
 
     # -- writing ------------------------------------------------------------------------------
-    async def write(self, writer: str, seq: int, rows: Mapping[BucketKey, Sequence[int]]) -> bool:
-        """Add one flush; False when this (writer, seq) was already committed."""
+    async def write(
+        self,
+        writer: str,
+        seq: int,
+        rows: Mapping[BucketKey, Sequence[int]],
+        spend: Mapping[SpendRow, tuple[int, int]] | None = None,
+    ) -> bool:
+        """Add one flush (and the budget spend of its rows: (cost nanos, tokens) per
+        scope, owner and period); False when this (writer, seq) was already committed."""
         db = self.db
         claim = db.upsert(ledger_writers).values(writer=writer, seq=seq, updated_at=db.now())
         claim = claim.on_conflict_do_update(
@@ -74,6 +90,8 @@ class UsageBook:
                 return False
             if params:
                 await conn.execute(_add(db, usage_minute), params)
+            if spend:
+                await conn.execute(_add_spend(db), _spend_params(spend))
         return True
 
     # -- roll-up and retention -----------------------------------------------------------------
@@ -168,6 +186,26 @@ def _window(table: Table, query: UsageQuery) -> Any:
     if query.keys is not None:
         stmt = stmt.where(table.c.key.in_(query.keys))
     return stmt
+
+
+def _spend_params(spend: Mapping[SpendRow, tuple[int, int]]) -> list[dict[str, Any]]:
+    return [
+        {"scope": s, "owner": o, "period": p, "cost_nanos": c, "tokens": t}
+        for (s, o, p), (c, t) in spend.items()
+    ]
+
+
+def _add_spend(db: Database) -> Any:
+    stmt = db.upsert(budget_spend).values(updated_at=db.now())
+    t = budget_spend.c
+    return stmt.on_conflict_do_update(
+        index_elements=[t.scope, t.owner, t.period],
+        set_={
+            "cost_nanos": t.cost_nanos + stmt.excluded.cost_nanos,
+            "tokens": t.tokens + stmt.excluded.tokens,
+            "updated_at": stmt.excluded.updated_at,
+        },
+    )
 
 
 def _add(db: Database, table: Table) -> Any:

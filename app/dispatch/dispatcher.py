@@ -35,6 +35,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from app.dispatch.drain import DrainEstimate
 from app.dispatch.job import Job, QueueExpired
 from app.dispatch.queue import DomainQueue
 from app.errors import ServiceUnavailable
@@ -78,7 +79,9 @@ class Slot:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._owner._release(self.batch)
+            owner = self._owner
+            owner.drain.released(owner.clock() - self.sent_at)
+            owner._release(self.batch)
 
 
 class Dispatcher:
@@ -112,7 +115,39 @@ class Dispatcher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
-        self._drain = _DrainRate(clock)
+        self.drain = DrainEstimate()
+
+    def retune(
+        self,
+        *,
+        group_size: int,
+        group_window_ms: float,
+        queue_capacity: int,
+        max_queue_wait_ms: int,
+        max_inflight: int,
+        batch_share: float,
+    ) -> None:
+        """New settings from a reload, for the next decision. Requests already queued keep
+        their place (a smaller capacity refuses newcomers until the queue is under it) and
+        their deadline timer (a new max_queue_wait_ms applies to requests queued from now)."""
+        self.group_size = group_size
+        self.window = group_window_ms / 1000
+        self.queue.capacity = queue_capacity
+        self.max_wait = max_queue_wait_ms / 1000
+        self.max_inflight = max_inflight
+        self.batch_share = batch_share
+        self._wake.set()  # more slots or a shorter window may release someone now
+
+    def settings(self) -> dict[str, object]:
+        """The settings in force (a reload changes them: `retune`), as configured."""
+        return {
+            "batch_size": self.group_size,
+            "batch_window_ms": self.window * 1000,
+            "queue_capacity": self.queue.capacity,
+            "max_queue_wait_ms": round(self.max_wait * 1000),
+            "max_inflight": self.max_inflight,
+            "batch_share": self.batch_share,
+        }
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -202,6 +237,7 @@ class Dispatcher:
         if front:
             self.queue.push_front(job)
         elif not self.queue.push(job, slack=self.max_inflight - self.inflight):
+            self.metrics.record_queue_full(self.domain)
             raise ServiceUnavailable(
                 f"domain {self.domain!r} queue is full ({self.queue.capacity} waiting); "
                 "retry after the advertised delay",
@@ -242,10 +278,11 @@ class Dispatcher:
             self._idle.set()
 
     def drain_estimate(self) -> float:
-        """Seconds until the queue ahead of a newcomer drains, from the observed rate."""
-        rate = self._drain.rate()
-        ahead = len(self.queue) + 1
-        return min(60.0, max(0.05, ahead / rate if rate > 0 else 1.0))
+        """Seconds until the queue ahead of a newcomer drains, from the measured hold time
+        of a slot, the slots and the pace (`drain.py`)."""
+        return self.drain.seconds(
+            len(self.queue) + 1, self.max_inflight, self.pacer.rate(), self.pacer.cooling()
+        )
 
     def _take(self, batch: bool = False) -> None:
         self.inflight += 1
@@ -254,7 +291,6 @@ class Dispatcher:
     def _release(self, batch: bool = False) -> None:
         self.inflight -= 1
         self.batch_inflight -= batch
-        self._drain.tick()
         if len(self.queue):
             self._wake.set()
         elif self.inflight == 0:
@@ -342,32 +378,3 @@ class Dispatcher:
 def _was_granted(job: Job) -> bool:
     granted = job.granted
     return granted.done() and not granted.cancelled() and granted.exception() is None
-
-
-class _DrainRate:
-    """Releases per second over the last few seconds (for Retry-After estimates)."""
-
-    def __init__(self, clock: Callable[[], float], span: float = 5.0) -> None:
-        self.clock = clock
-        self.span = span
-        self._count = 0
-        self._since = clock()
-        self._last_rate = 0.0
-
-    def tick(self) -> None:
-        self._count += 1
-        self._roll()
-
-    def _roll(self) -> None:
-        now = self.clock()
-        elapsed = now - self._since
-        if elapsed >= self.span:
-            self._last_rate = self._count / elapsed
-            self._count = 0
-            self._since = now
-
-    def rate(self) -> float:
-        self._roll()
-        elapsed = self.clock() - self._since
-        current = self._count / elapsed if elapsed > 0.5 else 0.0
-        return max(current, self._last_rate)

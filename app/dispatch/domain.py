@@ -45,6 +45,20 @@ class Domain:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def weight(self) -> float:
+        return self.spec.weight
+
+    @property
+    def load(self) -> int:
+        """Requests in flight or queued here."""
+        return self.dispatcher.inflight + len(self.dispatcher.queue)
+
+    @property
+    def saturated(self) -> bool:
+        """Requests are waiting in its queue (affinity then spills past it)."""
+        return len(self.dispatcher.queue) > 0
+
     def models(self) -> frozenset[str] | None:
         return self.spec.models if self.spec.models is not None else self.discovered
 

@@ -1,11 +1,17 @@
 """Per-key admission: reserve at the door, settle when the answer ends.
 
-A request reserves 1 request and `prompt estimate + max_tokens` (or
-`rate_limit.default_max_tokens`) tokens. Refused -> 429 at once, nothing used.
+A request reserves 1 request and `prompt estimate + output allowance` tokens (the
+allowance: `max_tokens`, or an estimate from the key's recent answers, per
+`rate_limit.reserve_output`; the pipeline computes it). Refused -> 429 at once,
+nothing used.
 When the answer ends (success, error or client disconnect) `settle` moves the token
 reservation to what the upstream reported (or, for an interrupted stream, what was
 streamed), and hands the entry to the usage ledger (in memory at once, durable within
 `ledger.flush_interval_sec`).
+
+Budgets (spend.py) are held the same way, after the rate limits: a request refused by a
+budget gives its rate-limit reservation back, and one admitted holds its estimated cost
+and tokens until `settle` replaces them with what it consumed.
 
 Without Redis and with `--workers N`, each worker enforces 1/N of every limit, so
 the total never silently becomes N times the configured one (logged at start).
@@ -19,9 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from app.errors import RateLimited
+from app.billing.budgets import ZERO, Amount
+from app.errors import GatewayError, RateLimited
 from app.limits.bucket import Decision, Limits, Remaining
 from app.limits.ledger import Ledger, UsageEntry
+from app.limits.spend import Hold, SpendGate
 from app.limits.store import LimitStore
 from app.metrics import Metrics
 from app.runtime import KeySpec
@@ -34,6 +42,7 @@ class Ticket:
     reserved: int
     decision: Decision
     settled: bool = False
+    hold: Hold | None = None  # the budgets' reservation
 
     def headers(self) -> dict[str, str]:
         return ratelimit_headers(self.decision)
@@ -62,6 +71,7 @@ class Admission:
     # The last decision per key alias and when it was made: what a shared store told
     # this process at the key's last admission (the status page's cheap view of Redis).
     seen: dict[str, tuple[Decision, float]] = field(default_factory=dict)
+    spend: SpendGate | None = None  # budgets per key and team
 
     def limits_for(self, key: KeySpec) -> Limits:
         base = self.overrides.get(key.alias) or Limits(
@@ -74,12 +84,22 @@ class Admission:
             max(1, base.tokens_per_minute // self.divisor),
         )
 
-    async def admit(self, key: KeySpec, cost: int) -> Ticket:
+    async def admit(self, key: KeySpec, cost: int, spend: int | None = 0) -> Ticket:
+        """Reserve `cost` tokens, then `spend` (estimated nano-units; None: the model has
+        no price) and the tokens against the key's and its team's budgets."""
         limits = self.limits_for(key)
         decision = await self.store.reserve(key.alias, limits, cost)
         self.seen[key.alias] = (decision, self.clock())
         if decision.allowed:
-            return Ticket(key.alias, limits, cost, decision)
+            ticket = Ticket(key.alias, limits, cost, decision)
+            if self.spend is not None:
+                try:
+                    need = Amount(spend or 0, cost)
+                    ticket.hold = await self.spend.reserve(key, need, priced=spend is not None)
+                except GatewayError:  # the rate limits' reservation goes back
+                    self.store.settle(key.alias, limits, -cost, -1)
+                    raise
+            return ticket
         limit = decision.limit or "tokens"
         self.metrics.record_rate_limited(key.alias, limit)
         raise _refusal(decision, limit, cost, limits)
@@ -115,6 +135,9 @@ class Admission:
         used += entry.failed_prompt_tokens + entry.failed_completion_tokens
         token_delta = (used if dispatched else 0) - ticket.reserved
         self.ledger.add(entry)
+        if ticket.hold is not None and self.spend is not None:
+            actual = Amount(entry.cost_nanos or 0, entry.tokens) if dispatched else ZERO
+            self.spend.settle(ticket.hold, actual)
         self.store.settle(ticket.key, ticket.limits, token_delta, 0 if dispatched else -1)
 
 
@@ -122,8 +145,9 @@ def _refusal(decision: Decision, limit: str, cost: int, limits: Limits) -> RateL
     headers = ratelimit_headers(decision)
     if decision.too_large:
         return RateLimited(
-            f"This request needs about {cost} tokens (prompt estimate + max_tokens), more than "
-            f"this key's whole allowance of {limits.tokens_per_minute} tokens per minute; "
+            f"This request needs about {cost} tokens (prompt estimate + the output reserved "
+            f"for it), more than this key's whole allowance of {limits.tokens_per_minute} "
+            "tokens per minute; "
             "lower max_tokens or shorten the prompt, or ask for a higher limit.",
             param="max_tokens",
             retry_after=60.0,

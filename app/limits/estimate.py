@@ -27,6 +27,11 @@ def text_tokens(text: str) -> int:
     return cjk + (len(text) - cjk + 3) // 4
 
 
+# Content parts whose payload is not text (base64 data, URLs): a flat guess each.
+_MEDIA = frozenset({"image", "image_url", "input_image", "input_audio", "document", "file"})
+MEDIA_PART = 85
+
+
 def _content_tokens(content: Any) -> int:
     if isinstance(content, str):
         return text_tokens(content)
@@ -34,12 +39,28 @@ def _content_tokens(content: Any) -> int:
         total = 0
         for part in content:
             if isinstance(part, dict):
-                text = part.get("text")
-                total += text_tokens(text) if isinstance(text, str) else 85  # image/audio part
+                total += _part_tokens(part)
             elif isinstance(part, str):
                 total += text_tokens(part)
         return total
     return 0
+
+
+def _part_tokens(part: dict[str, Any]) -> int:
+    """A text part by its text; an image, audio or document part a flat `MEDIA_PART`;
+    any other (tool_use input, tool_result content, thinking) by its structure, so an
+    agent's tool results (whole files) count."""
+    text = part.get("text")
+    if isinstance(text, str):
+        return text_tokens(text)
+    if part.get("type") in _MEDIA:
+        return MEDIA_PART
+    return structure_tokens(part)
+
+
+def system_tokens(system: Any) -> int:
+    """Anthropic's `system`: a string or a list of text blocks."""
+    return _content_tokens(system)
 
 
 def chat_prompt_tokens(messages: list[Any], tools: Any = None) -> int:

@@ -4,9 +4,10 @@ Failures are recorded with what they consumed (docs/design.md, "What the second
 article adds"), so a row keeps the tokens of failed attempts apart from billed usage.
 
     settle ─► add(entry)            a dict update on the hot path, nothing else
-                 │                  (minute, key, model, domain, status) -> counters
+                 │                  (minute, key, model, domain, status, team) -> counters
                  ▼
-    every flush_interval_sec ─► flush(): one transaction (app/db/usage.py)
+    every flush_interval_sec ─► flush(): one transaction (app/db/usage.py), with the
+                 │  budget spend of those rows per key, team and calendar period
                  │  ok      -> gone from memory
                  │  failed  -> kept as the *outstanding* flush, retried as it was, with the
                  │             same sequence number: if its commit had gone through, the
@@ -29,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
+from app.billing.budgets import Amount, SpendKey
+from app.billing.periods import Calendar
 from app.config.schema import LedgerConfig
 from app.db.engine import DatabaseUnavailable
 from app.db.tables import COUNTERS
@@ -50,6 +53,10 @@ class UsageEntry(NamedTuple):
     domain: str = "-"
     cached_tokens: int = 0
     status: int = 200
+    team: str = "-"
+    cache_write_tokens: int = 0
+    estimated: bool = False  # no usage from the upstream: counted by the gateway
+    cost_nanos: int | None = 0  # None: the model has no price (cost unknown)
 
     def counters(self) -> list[int]:
         """In the order of `app.db.tables.COUNTERS`."""
@@ -61,7 +68,21 @@ class UsageEntry(NamedTuple):
             self.cached_tokens,
             self.failed_prompt_tokens,
             self.failed_completion_tokens,
+            self.cache_write_tokens,
+            1 if self.estimated else 0,
+            1 if self.cost_nanos is None else 0,
+            self.cost_nanos or 0,
         ]
+
+    @property
+    def tokens(self) -> int:
+        """Every token consumed, failed attempts' included (what budgets count)."""
+        return (
+            self.prompt_tokens
+            + self.completion_tokens
+            + self.failed_prompt_tokens
+            + self.failed_completion_tokens
+        )
 
 
 class LedgerMetrics(Protocol):
@@ -71,6 +92,16 @@ class LedgerMetrics(Protocol):
 
 
 Buckets = dict[BucketKey, list[int]]
+_PROMPT, _COMPLETION, _FAILED_P, _FAILED_C = (
+    COUNTERS.index(c)
+    for c in (
+        "prompt_tokens",
+        "completion_tokens",
+        "failed_prompt_tokens",
+        "failed_completion_tokens",
+    )
+)
+_COST = COUNTERS.index("cost_nanos")
 
 
 class Ledger:
@@ -81,9 +112,12 @@ class Ledger:
         *,
         metrics: LedgerMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        calendar: Calendar | None = None,
     ) -> None:
         self.book = book
         self.cfg = cfg
+        # The periods budget spend is written for (billing.timezone); set on reload too.
+        self.calendar = calendar or Calendar()
         self.flush_interval = cfg.flush_interval_sec
         self.metrics = metrics
         self.clock = clock
@@ -99,7 +133,7 @@ class Ledger:
     # -- the hot path -------------------------------------------------------------------------
     def add(self, entry: UsageEntry) -> None:
         now = int(self.clock())
-        key = (now - now % 60, entry.key, entry.model, entry.domain, entry.status)
+        key = (now - now % 60, entry.key, entry.model, entry.domain, entry.status, entry.team)
         row = self._pending.get(key)
         if row is not None:
             row[0] += 1
@@ -109,6 +143,12 @@ class Ledger:
             row[4] += entry.cached_tokens
             row[5] += entry.failed_prompt_tokens
             row[6] += entry.failed_completion_tokens
+            row[7] += entry.cache_write_tokens
+            row[8] += 1 if entry.estimated else 0
+            if entry.cost_nanos is None:
+                row[9] += 1
+            else:
+                row[10] += entry.cost_nanos
         elif self.backlog < self.cfg.max_buffered_rows:
             self._pending[key] = entry.counters()
         else:
@@ -145,13 +185,40 @@ class Ledger:
             seq, rows = self._outstanding
             started = time.perf_counter()
             try:
-                await self.book.write(self.writer, seq, rows)
+                await self.book.write(self.writer, seq, rows, self._spend(rows))
             except BaseException:
                 self._report(started, len(rows), ok=False)
                 raise
             self._outstanding = None
             self.last_flush = self.clock()
             self._report(started, len(rows), ok=True)
+
+    def _spend(self, *sources: Buckets) -> dict[SpendKey, Amount]:
+        """Cost and tokens of the rows per key and team and each calendar period."""
+        out: dict[SpendKey, list[int]] = {}
+        ids_at = self.calendar.ids_at
+        rows = (row for source in sources for row in source.items())
+        for (bucket, key, *_dims, team), v in rows:
+            cost, tokens = v[_COST], v[_PROMPT] + v[_COMPLETION] + v[_FAILED_P] + v[_FAILED_C]
+            if not (cost or tokens):
+                continue
+            for period in ids_at(bucket):
+                for owner in (("key", key), ("team", team)) if team != "-" else (("key", key),):
+                    into = out.setdefault((*owner, period), [0, 0])
+                    into[0] += cost
+                    into[1] += tokens
+        return {k: Amount(c, t) for k, (c, t) in out.items()}
+
+    def unflushed_spend(self) -> dict[SpendKey, Amount]:
+        """The spend of rows settled here and not yet in the database (call under `lock`)."""
+        held = self._outstanding[1] if self._outstanding is not None else {}
+        return self._spend(held, self._pending)
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by a flush: whoever reads the database and `unflushed_spend` under it sees
+        every settled row exactly once."""
+        return self._lock
 
     def _report(self, started: float, rows: int, *, ok: bool) -> None:
         if self.metrics is not None:

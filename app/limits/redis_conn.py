@@ -40,7 +40,7 @@ from app.config.schema import RedisConfig
 from app.limits import lua
 
 log = logging.getLogger("tokengate.redis")
-SCRIPTS = ("token_bucket.lua", "pace.lua", "replicas.lua")
+SCRIPTS = ("token_bucket.lua", "pace.lua", "replicas.lua", "budget.lua", "lease.lua")
 
 
 class Failure(Enum):

@@ -30,13 +30,14 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from app.config.schema import RedisConfig
 from app.errors import ServiceUnavailable
 from app.limits.bucket import Decision, Limits, Remaining
+from app.limits.concurrency import KeySlots, SharedSlots
 from app.limits.constants import REPLICA_WINDOW_MS
 from app.limits.outage import Clock, Fallback
 from app.limits.pacing import Pacer, PaceState
@@ -253,6 +254,32 @@ class RedisStore:
 
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         return RedisPacer(self, f"{self.prefix}pace:{{{domain}}}", state)
+
+    async def budget(self, keys: Sequence[str], args: Sequence[object]) -> Any | None:
+        """One call of `budget.lua` (app/limits/shared_spend.py), in the next round trip;
+        None when Redis did not answer (the budgets are then decided per replica)."""
+        return await self._op(Call("budget.lua", tuple(keys), tuple(args)))
+
+    def key_slots(self) -> KeySlots:
+        return SharedSlots(self, self.prefix)
+
+    async def lease(self, key: str, args: list[Any]) -> Any:
+        """One step of `lease.lua` (per-key concurrency leases and live caps), in the next
+        round trip; None when Redis did not answer (the caller then counts this replica's
+        own)."""
+        return await self._op(Call("lease.lua", (key,), tuple(args)))
+
+    async def _op(self, call: Call) -> Any | None:
+        """One call in the group commit's next round trip; None if Redis did not answer."""
+        if not self.usable:
+            return None
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._ops.append((call, waiter))
+        self._kick()
+        try:
+            return await waiter
+        except _Unavailable:
+            return None
 
     @property
     def divisor(self) -> int:

@@ -18,11 +18,12 @@ once-a-second `housekeeping`, the store's part of `/health/ready` (`health`,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.limits.bucket import Bucket, Decision, Limits, Remaining, correct, decide
+from app.limits.concurrency import KeySlots, LocalSlots
 from app.limits.pacing import LocalPacer, Pacer, PaceState
 
 Clock = Callable[[], float]
@@ -69,6 +70,10 @@ class LimitStore(Protocol):
         """Keep a live per-key limit where the other replicas will find it."""
         ...
 
+    def key_slots(self) -> KeySlots:
+        """Where keys' `max_concurrent` slots are counted (shared when limits are)."""
+        ...
+
     def peek(self, key: str, limits: Limits) -> Remaining | None:
         """What is left of a key's limits now, if this process knows it without I/O
         (the status page); None when only the shared store knows."""
@@ -77,6 +82,11 @@ class LimitStore(Protocol):
     async def replicas(self) -> dict[str, float]:
         """The other replicas sharing this store and when each last showed signs of life
         (unix seconds); none for a store of one process."""
+        ...
+
+    async def budget(self, keys: Sequence[str], args: Sequence[object]) -> Any | None:
+        """One call of `budget.lua` (budgets across replicas, shared_spend.py); None when
+        the store is not shared or did not answer."""
         ...
 
 
@@ -161,8 +171,14 @@ class MemoryStore:
     async def save_override(self, key: str, limits: Limits) -> None:
         """Nothing to share: the admission's own overrides are the only copy."""
 
+    def key_slots(self) -> KeySlots:
+        return LocalSlots()
+
     def peek(self, key: str, limits: Limits) -> Remaining:
         return self.buckets.peek(key, limits)
 
     async def replicas(self) -> dict[str, float]:
         return {}
+
+    async def budget(self, keys: Sequence[str], args: Sequence[object]) -> Any | None:
+        return None  # budgets of one process live in its own tally

@@ -36,7 +36,7 @@ class Finish(Protocol):
     """Settle the request's reservation and log it, exactly once; `failed` is the
     (prompt, completion) tokens of an interrupted stream."""
 
-    def __call__(self, status: int, *, failed: tuple[int, int]) -> None: ...
+    def __call__(self, status: int, *, failed: tuple[int, int]) -> object: ...
 
 
 @dataclass(slots=True)
@@ -177,7 +177,10 @@ class StreamAnswer:
         else:
             completion, trace.estimated = relay.completion_estimate(), True
         failed = (0, 0)
-        trace.cached_tokens = relay.cached_tokens
+        trace.cached_tokens, trace.cache_write_tokens = (
+            relay.cached_tokens,
+            relay.cache_write_tokens,
+        )
         if outcome is None:
             trace.prompt_tokens, trace.completion_tokens = prompt, completion
         else:

@@ -1,7 +1,7 @@
 """The request pipeline: the one domain entry point behind every edge route.
 
-    resolve model (alias, default, key's allowed models)   404 / 403
-      └► plan: [requested model, *fallbacks] x domains serving each
+    plan (plan.py): the model (alias, default, key's allowed models)   404 / 403
+      └► [requested model, *fallbacks] x domains serving each
           └► admission: reserve 1 request + estimated tokens   429
               └► for each model, for each available domain (best first):
                     dispatcher slot (queue, batch, pace)        503 queue_full/timeout
@@ -10,7 +10,11 @@
                        head of the queue, slot again, attempts again (no retry spent)
                        upstream 429 insufficient_quota           429 at once
               └► answer: JSON (slot freed now) or stream (slot freed at its end)
-          └► finish: settle the reservation with real usage, metrics, one log line
+          └► finish: settle the reservation with real usage, price it, metrics, one log line
+
+Admission also holds the request's estimated cost against the key's and team's budgets
+(the prompt estimate at the model's input price and the output allowance at its output
+price); `finish` prices what was consumed (`app.billing.prices`) and settles to that.
 
 Everything after admission ends in `finish` exactly once, whatever happens (error,
 client disconnect, stream drop). No FastAPI here: handlers translate HTTP to a
@@ -21,33 +25,34 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from itertools import chain
 
+from app.billing.prices import PriceList, Tokens, render
+from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
-from app.dispatch.routing import rank, serving
-from app.errors import (
-    GatewayError,
-    InvalidRequest,
-    ModelNotFound,
-    NotFound,
-    PermissionDenied,
-    ServiceUnavailable,
-)
+from app.dispatch.routing import rank
+from app.errors import GatewayError, ServiceUnavailable
 from app.limits.admission import Admission, Ticket
+from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
+from app.pipeline.count import count_tokens
 from app.pipeline.failure import client_error
-from app.pipeline.request import ClientRequest, Endpoint
+from app.pipeline.holds import KeyHolds
+from app.pipeline.plan import Planner
+from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
-from app.runtime import KeySpec, Runtime
+from app.runtime import Runtime
 from app.status.recent import Failure
+from app.tracing import AttemptSpan, RequestSpan, Tracer
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
+from app.upstream.delivered import delivered_tokens
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.transport import UpstreamResponse
 from app.upstream.usage import Usage, parse_usage
@@ -57,6 +62,7 @@ _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})
 access_log = logging.getLogger("tokengate.access")
 resend_log = logging.getLogger("tokengate.upstream")
 MAX_DOMAINS_PER_MODEL = 2
+NO_DOMAIN = "none"  # the `domain` of a request refused before any domain was chosen
 
 
 class Pipeline:
@@ -68,12 +74,17 @@ class Pipeline:
         metrics: Metrics,
         spawn: Spawn,
         clock: Callable[[], float] = time.perf_counter,
+        tracer: Tracer | None = None,
     ) -> None:
         self.domains = domains
         self.admission = admission
         self.metrics = metrics
         self.spawn = spawn
         self.clock = clock
+        self.tracer = tracer  # None: tracing is off and costs an `is None` per call point
+        self.holds = KeyHolds(admission, metrics, spawn)
+        self.sessions = SessionTable()
+        self.planner = Planner(domains)
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -88,28 +99,18 @@ class Pipeline:
             max_retry_after=policy.max_retry_after_ms / 1000,
             retry_unanswered=policy.retry_unanswered,
         )
-        self.aliases = runtime.settings.model_aliases
+        self.planner.configure(runtime)
         self.default_max_tokens = runtime.settings.rate_limit.default_max_tokens
-        # Domains by the API they speak (anthropic or not), looked up per request.
-        self.speaking = {a: [d for d in self.domains if d.speaks(a)] for a in (False, True)}
-        self.responders = [d for d in self.speaking[False] if d.spec.responses]
-
-    def speakers(self, endpoint: Endpoint) -> list[Domain]:
-        """The domains whose upstream speaks the API of `endpoint`."""
-        return self.responders if endpoint.responses else self.speaking[endpoint.anthropic]
-
-    def target(self, key: KeySpec, asked: str) -> str:
-        """The model `asked` resolves to (aliases), if `key` may use it."""
-        target = self.aliases.get(asked, asked)
-        if not self._allowed(key.models, asked, target):
-            raise PermissionDenied(
-                f"the key '{key.alias}' is not allowed to use model '{asked}'", param="model"
-            )
-        return target
+        self.holds.configure(runtime.settings, runtime.default_model)
+        self.affinity = runtime.settings.affinity.enabled
+        self.sessions.load_factor = runtime.settings.affinity.load_factor
+        billing = runtime.settings.billing
+        self.prices = PriceList(billing.prices, billing.currency)
 
     # -- the entry point ----------------------------------------------------------
-    async def handle(self, call: ClientRequest) -> Answer:
-        trace = Trace(
+    def _trace(self, call: ClientRequest) -> Trace:
+        call.in_pipeline = True  # every way out from here writes the request's log line
+        return Trace(
             call.request_id,
             call.key.alias,
             call.endpoint.name,
@@ -117,20 +118,38 @@ class Pipeline:
             call.stream,
             call.started or self.clock(),
         )
+
+    async def handle(self, call: ClientRequest) -> Answer:
+        trace = self._trace(call)
+        if self.tracer is not None:
+            trace.span = self.tracer.request(
+                call.endpoint.name,
+                call.endpoint.path,
+                call.model or self.runtime.default_model,
+                call.request_id,
+                call.max_tokens,
+                call.stream,
+                call.trace_context,
+            )
         try:
-            requested, first = self._plan(call)
-            ticket = await self.admission.admit(call.key, call.cost(self.default_max_tokens))
+            requested, first = self.planner.plan(call)
+            cost = self.holds.reservation(call)
+            ticket = await self.admission.admit(call.key, cost, self._spend(call, requested, cost))
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
+        lease = None
         try:
+            lease = await self.holds.slot(call, trace)
             reply, domain, model, slot = await self._execute(call, requested, first, trace)
         except BaseException as exc:
-            self._finish(call, trace, ticket, _status_of(exc), exc=exc)
+            status = _status_of(exc)
+            failed = self._abandoned(call, trace, status)
+            self._finish(call, trace, ticket, status, exc=exc, failed=failed, lease=lease)
             raise
         trace.domain, trace.fallback = domain.name, model != requested
         if call.stream:
-            finish = partial(self._finish, call, trace, ticket)
+            finish = partial(self._finish, call, trace, ticket, lease=lease)
             return StreamAnswer(
                 call,
                 trace,
@@ -143,62 +162,54 @@ class Pipeline:
                 clock=self.clock,
             )
         slot.release()
-        return self._json_answer(call, trace, ticket, reply, domain)
+        return self._json_answer(call, trace, ticket, reply, domain, lease)
 
-    # -- model and plan -------------------------------------------------------------
-    def _plan(self, call: ClientRequest) -> tuple[str, list[Domain]]:
-        """The model to serve and the domains serving it; fallbacks are planned only when
-        this one fails (`_fallbacks`)."""
-        asked = call.model or self.runtime.default_model
-        if not asked:
-            raise InvalidRequest(
-                "you must provide a model parameter (no model_route.default is configured)",
-                param="model",
-                code="missing_model",
-            )
-        key = call.key
-        target = self.target(key, asked)
-        domains = self.speakers(call.endpoint)
-        if not domains and call.endpoint.responses:
-            raise NotFound(
-                "no domain serves the Responses API: a [[scale_up]] domain with api_style "
-                '"openai" or "both" and responses = true is needed'
-            )
-        if not domains:
-            raise NotFound(
-                f"no domain speaks the API of {call.endpoint.path}: set api_style = "
-                f'"{"anthropic" if call.endpoint.anthropic else "openai"}" (or "both") on a '
-                "[[scale_up]] domain"
-            )
-        first = serving(domains, target, key.domain)
-        if not first:
-            raise ModelNotFound(_not_found(asked, key.domain), param="model")
-        if call.home is not None:
-            first = [d for d in first if d.name == call.home]
-            if not first:
-                raise InvalidRequest(
-                    f"previous_response_id names a response held by domain '{call.home}', "
-                    f"which does not serve model '{asked}' for this key",
-                    param="previous_response_id",
-                )
-        return target, first
+    async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
+        """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;
+        counted and logged like any answer."""
+        trace = self._trace(call)
+        try:
+            answer = await count_tokens(self, call, trace)
+        except GatewayError as exc:
+            self._log(trace, exc.status, exc)
+            raise
+        self._log(trace, answer.status, None)
+        return answer
 
-    def _fallbacks(self, call: ClientRequest, target: str) -> Iterator[tuple[str, list[Domain]]]:
-        domains = self.speakers(call.endpoint)
-        key = call.key
-        for name in self.runtime.fallbacks:
-            fb = self.aliases.get(name, name)
-            if fb == target or not self._allowed(key.models, name, fb):
-                continue
-            candidates = serving(domains, fb, key.domain)
-            if call.home is not None:  # the previous response is there, and only there
-                candidates = [d for d in candidates if d.name == call.home]
-            if candidates:
-                yield fb, candidates
+    # -- spend ------------------------------------------------------------------------
+    def _spend(self, call: ClientRequest, model: str, tokens: int) -> int | None:
+        """What the request may cost (nano-units): the prompt estimate at the input price,
+        the rest of its token reservation at the output price; None: no price."""
+        prompt = min(call.prompt_tokens, tokens)
+        return self.prices.cost(Tokens(prompt, tokens - prompt), model)
 
     @staticmethod
-    def _allowed(models: frozenset[str] | None, asked: str, target: str) -> bool:
-        return models is None or asked in models or target in models
+    def _abandoned(call: ClientRequest, trace: Trace, status: int) -> tuple[int, int]:
+        """The client left while the upstream had its (non-streamed) request: the upstream
+        read the prompt and charges for it, and nothing of the answer was delivered, so
+        the prompt estimate is what was consumed (flagged estimated)."""
+        if status == 499 and trace.attempts and trace.attempts[-1].outcome == "cancelled":
+            trace.estimated = True
+            return call.prompt_tokens, 0
+        return 0, 0
+
+    def _priced(self, call: ClientRequest, trace: Trace, failed: tuple[int, int]) -> int | None:
+        """The cost of what the request consumed (failed attempts' tokens included), at
+        the price of the model the gateway sent, else the one the upstream named."""
+        tokens = Tokens(
+            trace.prompt_tokens + failed[0],
+            trace.completion_tokens + failed[1],
+            trace.cached_tokens,
+            trace.cache_write_tokens,
+        )
+        if not (tokens.prompt or tokens.completion):
+            return 0  # nothing consumed costs nothing, priced or not
+        sent = trace.attempts[-1].model if trace.attempts else None
+        return self.prices.cost(tokens, sent, trace.model)
+
+    def spend_text(self, nanos: int | None) -> str:
+        """`x-tokengate-cost`: `0.000123 USD`, or `unknown` for a model without a price."""
+        return "unknown" if nanos is None else f"{render(nanos)} {self.prices.currency}"
 
     # -- execution --------------------------------------------------------------------
     async def _execute(
@@ -206,11 +217,11 @@ class Pipeline:
     ) -> tuple[Reply, Domain, str, Slot]:
         last: BaseException | None = None
         congested: set[str] = set()  # full or slow queues: a fallback there would wait again
-        plan = chain([(target, first)], self._fallbacks(call, target))
+        plan = chain([(target, first)], self.planner.fallbacks(call, target))
         for i, (model, candidates) in enumerate(plan):
             if i:
                 self.metrics.record_fallback(target, model)
-            ranked = rank(candidates)
+            ranked = self._order(call, candidates)
             if congested:
                 ranked = [d for d in ranked if d.name not in congested]
             if not ranked and last is None:
@@ -229,13 +240,24 @@ class Pipeline:
                     congested.add(domain.name)
         raise self._final_error(last, trace)
 
+    def _order(self, call: ClientRequest, candidates: list[Domain]) -> list[Domain]:
+        """Best first: the conversation's domain (affinity), else the least wait."""
+        if len(candidates) < 2 or not self.affinity:
+            return rank(candidates)
+        ranked, placed = self.sessions.order(candidates, call.session)
+        if placed is not None:
+            self.metrics.record_affinity(ranked[0].name, placed)
+        return ranked
+
     async def _on_domain(
         self, call: ClientRequest, model: str, domain: Domain, trace: Trace
     ) -> tuple[Reply, Slot]:
+        trace.domain = domain.name  # the domain that answers, or the last one that refused
         queued = self.clock()
-        slot = await domain.dispatcher.acquire(
+        wait = domain.dispatcher.acquire(
             call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
         )
+        slot = await (wait if trace.span is None else _traced(trace.span, domain, wait))
         trace.queue_ms += (self.clock() - queued) * 1000
         body = call.body_for(model)
         domain.budget.record_request()
@@ -272,7 +294,8 @@ class Pipeline:
         self.metrics.record_throttled(domain.name, cooled)
         queued = self.clock()
         try:
-            return await domain.dispatcher.requeue(slot)
+            wait = domain.dispatcher.requeue(slot)
+            return await (wait if trace.span is None else _traced(trace.span, domain, wait))
         finally:
             trace.queue_ms += (self.clock() - queued) * 1000
 
@@ -284,10 +307,13 @@ class Pipeline:
         if trace.attempts:
             self._resending(call, domain, trace)
         t0 = self.clock()
+        span = None
+        if trace.span is not None:
+            span = trace.span.attempt(n, domain.name, model, domain.spec.api_base)
         try:
-            reply = await self._send(call, domain, body)
+            reply = await self._send(call, domain, body, span)
         except AttemptFailed as failure:
-            self._record_attempt(domain, trace, n, model, failure.reason, t0)
+            self._record_attempt(domain, trace, n, model, failure.reason, t0, span, failure.status)
             if failure.reason in _NOT_A_VERDICT:
                 domain.breaker.release_probe()  # says nothing of the upstream's health
                 if failure.reason is Reason.INSUFFICIENT_QUOTA:
@@ -296,10 +322,10 @@ class Pipeline:
                 domain.breaker.record(not failure.upstream_fault)
             raise
         except BaseException:
-            self._record_attempt(domain, trace, n, model, "cancelled", t0)
+            self._record_attempt(domain, trace, n, model, "cancelled", t0, span)
             domain.breaker.release_probe()
             raise
-        self._record_attempt(domain, trace, n, model, "ok", t0)
+        self._record_attempt(domain, trace, n, model, "ok", t0, span, reply.response.status)
         domain.breaker.record(True)
         if domain.quota_exhausted:
             domain.note_quota(False)
@@ -320,7 +346,9 @@ class Pipeline:
             previous.outcome,
         )
 
-    async def _send(self, call: ClientRequest, domain: Domain, body: bytes) -> Reply:
+    async def _send(
+        self, call: ClientRequest, domain: Domain, body: bytes, span: AttemptSpan | None = None
+    ) -> Reply:
         resp: UpstreamResponse | None = None
         if call.sockets is not None and domain.spec.responses_websocket:
             resp = await call.sockets.send(domain.spec, body)  # None: the upstream said no
@@ -330,7 +358,9 @@ class Pipeline:
                 body,
                 stream=call.stream,
                 request_id=call.request_id,
-                client_headers=call.client_headers,
+                client_headers=call.client_headers
+                if span is None
+                else span.outgoing(call.client_headers),
             )
         advertised = rate_headers(resp.headers)
         if resp.status != 429:
@@ -365,12 +395,22 @@ class Pipeline:
         self.metrics.record_cooldown(domain.name, cooled)
 
     def _record_attempt(
-        self, domain: Domain, trace: Trace, n: int, model: str, outcome: str, t0: float
+        self,
+        domain: Domain,
+        trace: Trace,
+        n: int,
+        model: str,
+        outcome: str,
+        t0: float,
+        span: AttemptSpan | None = None,
+        status: int | None = None,
     ) -> None:
         ms = (self.clock() - t0) * 1000
         trace.upstream_ms += ms
         trace.attempts.append(Attempt(n, domain.name, model, outcome, ms))
         self.metrics.record_attempt(domain.name, outcome)
+        if span is not None:
+            span.end(outcome, status)
 
     # -- errors --------------------------------------------------------------------------
     def _no_domain(self, model: str, candidates: list[Domain]) -> ServiceUnavailable:
@@ -392,17 +432,30 @@ class Pipeline:
 
     # -- answers and accounting -------------------------------------------------------------
     def _json_answer(
-        self, call: ClientRequest, trace: Trace, ticket: Ticket, reply: Reply, domain: Domain
+        self,
+        call: ClientRequest,
+        trace: Trace,
+        ticket: Ticket,
+        reply: Reply,
+        domain: Domain,
+        lease: Lease | None = None,
     ) -> JsonAnswer:
         usage = reply.usage
         assert usage is not None
         trace.model = usage.model or trace.attempts[-1].model
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
-        trace.cached_tokens = usage.cached
+        trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
         if call.endpoint.responses:
             self._responses_answer(call, trace, usage, domain)
-        self._finish(call, trace, ticket, 200)
-        headers = {**ticket.headers(), "x-tokengate-domain": domain.name}
+        elif not usage.reported:  # a 200 without usage: count what it delivered
+            trace.prompt_tokens, trace.estimated = call.prompt_tokens, True
+            trace.completion_tokens = delivered_tokens(reply.first)
+        entry = self._finish(call, trace, ticket, 200, lease=lease)
+        headers = {
+            **ticket.headers(),
+            "x-tokengate-domain": domain.name,
+            "x-tokengate-cost": self.spend_text(entry.cost_nanos),
+        }
         ctype = reply.response.headers.get("content-type", "application/json")
         return JsonAnswer(200, reply.first, ctype, headers)
 
@@ -428,8 +481,16 @@ class Pipeline:
         *,
         exc: BaseException | None = None,
         failed: tuple[int, int] = (0, 0),
-    ) -> None:
+        lease: Lease | None = None,
+    ) -> UsageEntry:
         """Settle, count and log; exactly once per admitted request."""
+        if lease is not None:
+            lease.release()
+        self.holds.learn(call, trace, status)
+        if trace.cached_tokens or trace.cache_write_tokens:
+            self.metrics.record_prompt_cache(
+                trace.domain or "-", trace.cached_tokens, trace.cache_write_tokens
+            )
         model = trace.model or (trace.attempts[-1].model if trace.attempts else call.model) or "-"
         entry = UsageEntry(
             key=call.key.alias,
@@ -442,9 +503,15 @@ class Pipeline:
             domain=trace.domain or "-",
             cached_tokens=trace.cached_tokens,
             status=status,
+            team=call.key.team or "-",
+            cache_write_tokens=trace.cache_write_tokens,
+            estimated=trace.estimated,
+            cost_nanos=self._priced(call, trace, failed),
         )
         self.admission.settle(ticket, entry, dispatched=trace.dispatched)
+        self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
         self._log(trace, status, exc, entry)
+        return entry
 
     def _log(
         self,
@@ -459,7 +526,7 @@ class Pipeline:
         elif exc is not None:
             trace.error = type(exc).__name__
         seconds = self.clock() - trace.started
-        domain, model = trace.domain or "-", trace.model or trace.requested_model
+        domain, model = trace.domain or NO_DOMAIN, trace.model or trace.requested_model
         if usage is None:  # refused before admission: no tokens, no ledger entry
             self.metrics.record_request(domain, model, status, seconds)
         else:
@@ -477,7 +544,27 @@ class Pipeline:
                 )
             )
         if access_log.isEnabledFor(logging.INFO):
-            access_log.info("request", extra={"fields": trace.fields(seconds * 1000)})
+            fields = trace.fields(seconds * 1000)
+            # cost: a decimal string in `currency`, null when the model has no price; a
+            # request refused before admission consumed nothing
+            cost = 0 if usage is None else usage.cost_nanos
+            fields["cost"] = None if cost is None else render(cost)
+            fields["currency"] = self.prices.currency
+            fields["team"] = call_team(usage)
+            access_log.info("request", extra={"fields": fields})
+        if trace.span is not None:
+            trace.span.end(trace, status)
+
+
+def call_team(usage: UsageEntry | None) -> str | None:
+    return None if usage is None or usage.team == "-" else usage.team
+
+
+async def _traced(span: RequestSpan, domain: Domain, wait: Awaitable[Slot]) -> Slot:
+    """A wait for a dispatch slot, in a span of its own (tracing on only: off, the wait
+    is awaited directly, without this extra frame)."""
+    with span.queue(domain.name):
+        return await wait
 
 
 def _status_failure(status: int, body: bytes, headers: Mapping[str, str]) -> AttemptFailed:
@@ -514,12 +601,3 @@ def _status_of(exc: BaseException) -> int:
     if isinstance(exc, GatewayError):
         return exc.status
     return 499 if isinstance(exc, BaseException) and not isinstance(exc, Exception) else 500
-
-
-def _not_found(model: str, pinned: str | None) -> str:
-    where = f" in domain '{pinned}' (this key is pinned to it)" if pinned else ""
-    return (
-        f"The model '{model}' does not exist or is not served{where}. GET /v1/models lists the "
-        "models this gateway serves; check model_route and model_aliases in settings.json and "
-        "each domain's `models` in config.toml."
-    )

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import orjson
 
 from app.kinds import QueueClass
+from app.pipeline.session import session_key
 from app.runtime import KeySpec
 from app.upstream.websocket import UpstreamSockets
 
@@ -26,6 +28,7 @@ class Endpoint:
     streamable: bool
     anthropic: bool = False
     usage_in_stream: bool = True  # accepts stream_options.include_usage
+    generates: bool = True  # False: answered without generation (no limits, no queue)
     responses: bool = False  # OpenAI's Responses API: usage in `response.completed`, ids
 
 
@@ -34,6 +37,14 @@ COMPLETIONS = Endpoint("completions", "/v1/completions", streamable=True)
 EMBEDDINGS = Endpoint("embeddings", "/v1/embeddings", streamable=False)
 MESSAGES = Endpoint(
     "messages", "/v1/messages", streamable=True, anthropic=True, usage_in_stream=False
+)
+COUNT_TOKENS = Endpoint(
+    "count_tokens",
+    "/v1/messages/count_tokens",
+    streamable=False,
+    anthropic=True,
+    usage_in_stream=False,
+    generates=False,
 )
 RESPONSES = Endpoint(
     "responses", "/v1/responses", streamable=True, usage_in_stream=False, responses=True
@@ -67,12 +78,23 @@ class ClientRequest:
     client_headers: Mapping[str, str] = field(default_factory=dict)
     started: float = 0.0
     priority: QueueClass | None = None  # overrides the key's class (batch items: BATCH)
+    session_header: str | None = None  # x-session-id (or Claude Code's own) if sent
+
+    @cached_property
+    def session(self) -> bytes:
+        """The conversation this request belongs to (session.py), read on first use."""
+        return session_key(self.body, self.session_header)
+
     # Responses API: the only domain that can serve it (it holds `previous_response_id`),
     # and who to tell the id of the response the answer created (id, serving domain).
     home: str | None = None
     on_response: Callable[[str, str], None] | None = None
     # A client WebSocket's own upstream sockets (domains with responses_websocket).
     sockets: UpstreamSockets | None = None
+    # The client's W3C trace headers (read only while tracing is on), and whether the
+    # pipeline took the request (then it writes the request's access-log line itself).
+    trace_context: Mapping[str, str] | None = None
+    in_pipeline: bool = False
 
     @property
     def queue_class(self) -> QueueClass:

@@ -143,7 +143,7 @@ class ResponsesService:
         return home
 
     def _candidates(self, key: KeySpec, home: Home | None) -> list[Domain]:
-        domains = [d for d in self.pipeline.responders if key.domain in (None, d.name)]
+        domains = [d for d in self.pipeline.planner.responders if key.domain in (None, d.name)]
         if home is not None:
             domains = [d for d in domains if d.name == home.domain]
         return domains
@@ -186,7 +186,7 @@ class ResponsesService:
         started = self.clock()
         body = parse_json(raw)
         asked = body.get("model") or self.pipeline.runtime.default_model
-        target = self.pipeline.target(key, asked) if isinstance(asked, str) else None
+        target = self.pipeline.planner.target(key, asked) if isinstance(asked, str) else None
         previous = body.get("previous_response_id")
         home = None
         if isinstance(previous, str) and previous:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.tracing import RequestSpan
+
 
 @dataclass(slots=True)
 class Attempt:
@@ -43,10 +45,12 @@ class Trace:
     upstream_ms: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, read from the upstream's prompt cache
+    cache_write_tokens: int = 0  # of prompt_tokens, written to it
     estimated: bool = False
     fallback: bool = False
     attempts: list[Attempt] = field(default_factory=list)
+    span: RequestSpan | None = None  # only while tracing is on (`app.tracing`)
 
     @property
     def dispatched(self) -> bool:
@@ -59,7 +63,7 @@ class Trace:
             "endpoint": self.endpoint,
             "model": self.model or self.requested_model,
             "requested_model": self.requested_model,
-            "domain": self.domain,
+            "domain": self.domain or "none",
             "status": self.status,
             "error": self.error,
             "stream": self.stream,

@@ -13,7 +13,15 @@ import orjson
 
 from app.errors import InvalidRequest
 from app.limits import estimate
-from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, ClientRequest, Endpoint
+from app.pipeline.request import (
+    CHAT,
+    COMPLETIONS,
+    COUNT_TOKENS,
+    EMBEDDINGS,
+    MESSAGES,
+    ClientRequest,
+    Endpoint,
+)
 from app.runtime import KeySpec
 
 MAX_CHOICES = 128
@@ -141,13 +149,15 @@ def parse_call(
     elif endpoint.responses:
         prompt = _responses_input(body)
         max_tokens = _opt_int(body, "max_output_tokens", 1)
-    elif endpoint is MESSAGES:
+    elif endpoint is MESSAGES or endpoint is COUNT_TOKENS:
         messages = _messages(body)
         max_tokens = _opt_int(body, "max_tokens", 1)
-        if max_tokens is None:
+        if max_tokens is None and endpoint is MESSAGES:
             raise InvalidRequest("'max_tokens' is required", param="max_tokens")
-        system = body.get("system")
-        prompt = estimate.chat_prompt_tokens(messages) + estimate.input_tokens(system or "")
+        tools = body.get("tools")
+        prompt = estimate.chat_prompt_tokens(messages, tools) + estimate.system_tokens(
+            body.get("system")
+        )
     else:  # pragma: no cover - the routes only pass the endpoints above
         raise AssertionError(endpoint)
     return ClientRequest(

@@ -59,6 +59,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-after", type=int, help="break streams off after N content chunks")
     p.add_argument("--no-record", action="store_true", help="do not keep request records")
     p.add_argument(
+        "--cache-entries",
+        type=int,
+        default=50_000,
+        help="prompt-cache prefixes it remembers (LRU; 0 = no prompt cache)",
+    )
+    p.add_argument(
+        "--cache-min-tokens",
+        type=int,
+        default=1024,
+        help="shortest prompt prefix it caches, in its own tokens (as the real APIs: 1024)",
+    )
+    p.add_argument(
+        "--tool-calls",
+        choices=("auto", "named"),
+        default="auto",
+        help="answer every request that offers tools with a tool call (auto), or only when "
+        "tool_choice demands one or the prompt names a tool (named: for agents that send "
+        "their whole tool set on every turn)",
+    )
+    p.add_argument(
         "--background-ms",
         type=float,
         default=300.0,
@@ -85,6 +105,9 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         quota_headers=args.quota_headers,
         balance=args.balance,
         record=not args.no_record,
+        cache_entries=args.cache_entries,
+        cache_min_tokens=args.cache_min_tokens,
+        tool_calls=args.tool_calls,
         background_ms=args.background_ms,
         responses_websocket=args.responses_websocket,
         faults=Faults(

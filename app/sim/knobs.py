@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 from app.sim.quota import Headers, Mode
+from app.sim.tools import ToolMode
 
 
 @dataclass
@@ -47,8 +48,11 @@ class SimKnobs:
     balance: int | None = None  # prepaid tokens; None: unlimited
     record: bool = True
     max_records: int = 100_000
-    anthropic: bool = True  # also serve /v1/messages
+    anthropic: bool = True  # also serve /v1/messages (and its count_tokens)
     background_ms: float = 300.0  # a background response is done this long after it was made
     responses_websocket: bool = False  # also serve the Responses WebSocket mode
+    cache_entries: int = 50_000  # prompt-cache prefixes remembered (LRU); 0: no cache
+    cache_min_tokens: int = 1024  # shorter prefixes are never cached (as both APIs do)
+    tool_calls: ToolMode = "auto"  # see tools.py: every request with tools, or only when named
     faults: Faults = field(default_factory=Faults)
     seed: int = 7

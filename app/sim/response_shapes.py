@@ -31,6 +31,7 @@ import orjson
 
 from app.sim import text
 from app.sim.errors import SimError
+from app.sim.tools import Tool, ToolMode, named
 
 ITEM_OVERHEAD = 3
 _NOT_TEXT = frozenset({"id", "type", "call_id", "role", "status"})  # framing, not words
@@ -131,7 +132,10 @@ def _function_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
 
 
-def _tool_to_call(body: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _tool_to_call(
+    body: dict[str, Any], items: list[dict[str, Any]], mode: ToolMode
+) -> dict[str, Any] | None:
+    """The function tool to call (tools.py has the rule, for every dialect)."""
     tools = _function_tools(body)
     choice = body.get("tool_choice", "auto")
     if not tools or choice == "none":
@@ -140,7 +144,24 @@ def _tool_to_call(body: dict[str, Any], items: list[dict[str, Any]]) -> dict[str
         return None  # the tool ran: now answer
     if isinstance(choice, dict) and choice.get("type") == "function":
         return next((t for t in tools if t.get("name") == choice.get("name")), tools[0])
-    return tools[0]
+    if mode == "auto" or choice == "required":
+        return tools[0]
+    offered = [Tool(str(t.get("name")), {}) for t in tools]
+    found = named(offered, _last_user_text(items))
+    return next((t for t in tools if found and t.get("name") == found.name), None)
+
+
+def _last_user_text(items: list[dict[str, Any]]) -> str:
+    for item in reversed(items):
+        if item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                return content
+            parts = content if isinstance(content, list) else []
+            return " ".join(
+                str(p.get("text")) for p in parts if isinstance(p, dict) and "text" in p
+            )
+    return ""
 
 
 def _argument(name: str, schema: Any, words: list[str]) -> Any:
@@ -195,6 +216,7 @@ def plan(
     items: list[dict[str, Any]],
     cached: int,
     reply_tokens: int,
+    tool_calls: ToolMode = "auto",
 ) -> Plan:
     """The final response to `items` continuing `context` (both already checked)."""
     limit = body.get("max_output_tokens")
@@ -206,7 +228,7 @@ def plan(
     reasoning = text.count_text(SUMMARY) if reasoning_item else 0
     if reasoning_item:
         output.append(reasoning_item)
-    tool = _tool_to_call(body, items)
+    tool = _tool_to_call(body, items, tool_calls)
     status, incomplete = "completed", None
     if tool is not None:
         args = arguments(tool, text.reply_words(seed, 2))

@@ -127,7 +127,10 @@ class ResponsesSim:
         if body.get("background") is True and body.get("store") is False:
             raise shapes.bad("Background responses require store=true.")
         cached = max(cached, self._prefix_hit(body, [*context, *items]))
-        plan = shapes.plan(body, model, context, items, cached, self.sim.knobs.reply_tokens)
+        knobs = self.sim.knobs
+        plan = shapes.plan(
+            body, model, context, items, cached, knobs.reply_tokens, knobs.tool_calls
+        )
         output = plan.response["output"]
         whole = [*context, *items, *output]
         key = body.get("prompt_cache_key")

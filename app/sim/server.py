@@ -7,7 +7,10 @@ balance (429 `insufficient_quota`). Answers are deterministic, with
 usage counted its own way. It also records what it received (`GET /_sim/records`),
 so tests can assert which key, headers and bodies reached it, and counts concurrent
 requests and the usage it billed for answers sent whole (`GET /_sim/stats`). Faults are
-set by flags or `PUT /_sim/faults`.
+set by flags or `PUT /_sim/faults`. A request that demands a tool or names one it offers
+is answered with a tool call (`tools.py`), and a prompt cache per simulator (`cache.py`)
+reports the cached part of each prompt, as a domain's upstream would;
+`DELETE /_sim/records` also empties it.
 The `/_sim/*` control routes have no auth: bind the simulator to loopback.
 """
 
@@ -29,10 +32,15 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
 from app.sim import shapes
+from app.sim.cache import PromptCache
 from app.sim.errors import SimError
 from app.sim.knobs import Faults, SimKnobs
+from app.sim.messages import count_tokens_body
 from app.sim.quota import Quota
 from app.sim.responses import Renderers, ResponsesSim
+
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 class Sim:
@@ -46,6 +54,7 @@ class Sim:
         self.inflight = 0
         self.peak_inflight = 0
         self.counts: dict[str, int] = {}
+        self.cache = PromptCache(knobs.cache_entries, knobs.cache_min_tokens)
         # Usage of the answers sent whole: what an honest upstream bills (the ledger's
         # e2e tests compare against it).
         self.billed = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
@@ -57,6 +66,7 @@ class Sim:
         rec: dict[str, Any] = {
             "seq": self._seq,
             "path": request.url.path,
+            "query": request.url.query,
             "method": request.method,
             "headers": {k.lower(): v for k, v in request.headers.items()},
             "body": body,
@@ -161,14 +171,18 @@ class Sim:
                 raise asyncio.CancelledError
 
     # -- the endpoint ---------------------------------------------------------------------
-    async def handle(self, request: Request) -> Response:
-        anthropic = request.url.path == "/v1/messages"
+    async def _received(self, request: Request) -> tuple[Any, dict[str, Any]]:
+        """The request's JSON body (None if it is not JSON) and its record."""
         raw = await request.body()
         try:
             body: Any = orjson.loads(raw)
         except orjson.JSONDecodeError:
             body = None
-        rec = self._record(request, body)
+        return body, self._record(request, body)
+
+    async def handle(self, request: Request) -> Response:
+        anthropic = request.url.path == MESSAGES
+        body, rec = await self._received(request)
         self.inflight += 1
         self.peak_inflight = max(self.peak_inflight, self.inflight)
         handed_off = False
@@ -181,7 +195,7 @@ class Sim:
                     "invalid_request_error",
                 )
             model = self._model(body)
-            job = shapes.build(request.url.path, body, model, self.knobs)
+            job = shapes.build(request.url.path, body, model, self.knobs, self.cache)
             reset = await self._faults(request, rec)
             self._quota(job.quota_tokens)
             headers = self._rate_headers(time.monotonic())
@@ -231,6 +245,25 @@ class Sim:
         finally:
             self.inflight -= 1
 
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's `POST /v1/messages/count_tokens`: free, never against the quota."""
+        body, rec = await self._received(request)
+        try:
+            self._auth(request, anthropic=True)
+            if not isinstance(body, dict):
+                raise SimError(400, "We could not parse the JSON body.", "invalid_request_error")
+            self._model(body)
+            prompt = shapes.read_prompt("messages", body)
+        except SimError as err:
+            rec["status"] = err.status
+            self._count(err.status)
+            return _error(err, True)
+        rec["status"], rec["completed"] = 200, True
+        self._count(200)
+        return Response(
+            orjson.dumps(count_tokens_body(prompt.tokens)), media_type="application/json"
+        )
+
     # -- control plane ----------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
         try:
@@ -253,6 +286,7 @@ class Sim:
     async def clear(self, request: Request) -> Response:
         self.records.clear()
         self.counts.clear()
+        self.cache = PromptCache(self.knobs.cache_entries, self.knobs.cache_min_tokens)
         self.billed = dict.fromkeys(self.billed, 0)
         self.peak_inflight = self.inflight
         return Response(b"{}", media_type="application/json")
@@ -381,8 +415,10 @@ def create_sim_app(knobs: SimKnobs) -> Starlette:
     sim = Sim(knobs)
     paths = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     if knobs.anthropic:
-        paths.append("/v1/messages")
+        paths.append(MESSAGES)
     routes: list[BaseRoute] = [Route(p, sim.handle, methods=["POST"]) for p in paths]
+    if knobs.anthropic:
+        routes.append(Route(COUNT_TOKENS, sim.count_tokens, methods=["POST"]))
     responses = ResponsesSim(
         sim, Renderers(_Stream, _Truncated, lambda err: _error(err, False), _Drop)
     )

@@ -25,25 +25,39 @@ def count_text(text: str) -> int:
     return cjk + words
 
 
+# Fields that name or mark a part rather than say something: not counted as text.
+_NOT_TEXT = frozenset({"type", "id", "tool_use_id", "cache_control", "signature", "data"})
+
+
 def _content_text(content: Any) -> str:
-    """All the text in a message content, however deeply nested (an explicit stack: a
-    hostile body nested 1000 levels deep must not crash the simulator)."""
+    """All the text in a message content (text parts, tool inputs and results, tool call
+    arguments), however deeply nested (an explicit stack: a hostile body nested 1000
+    levels deep must not crash the simulator)."""
     parts, stack = [], [content]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
             parts.append(item)
         elif isinstance(item, dict):
-            stack.append(item.get("text"))
+            stack.extend(reversed([v for k, v in item.items() if k not in _NOT_TEXT]))
         elif isinstance(item, list):
             stack.extend(reversed(item))
     return " ".join(parts)
 
 
+def value_tokens(value: Any) -> int:
+    """Tokens of any JSON value (a tool list, a message) the simulator's way."""
+    return count_text(_content_text(value))
+
+
+def message_tokens(message: dict[str, Any]) -> int:
+    return 3 + value_tokens(message.get("content")) + value_tokens(message.get("tool_calls"))
+
+
 def chat_prompt_tokens(messages: list[Any], system: Any = None) -> int:
-    total = count_text(_content_text(system)) if system else 0
+    total = value_tokens(system) if system else 0
     for m in messages:
-        total += 3 + count_text(_content_text(m.get("content")))
+        total += message_tokens(m)
     return total
 
 

@@ -95,7 +95,8 @@ class UpstreamClient:
         method: str = "POST",
         client_headers: Mapping[str, str] | None = None,
     ) -> UpstreamResponse:
-        base = self._anthropic if path == "/v1/messages" else self._headers
+        # /v1/messages and its /count_tokens: Anthropic's credential header
+        base = self._anthropic if path.startswith("/v1/messages") else self._headers
         headers = {**base, "x-request-id": request_id}
         if client_headers:
             # Allowlisted API-semantics headers only; they can never replace the credential.

@@ -8,9 +8,15 @@ stream), and `usage`. When the gateway itself added `stream_options.include_usag
 the usage-only chunk (empty `choices`) is captured and not forwarded.
 
 Anthropic's Messages stream (`event:` lines) carries usage in `message_start` and
-`message_delta`; the same relay reads it, and the Responses API's typed events too:
-the response id and model in `response.created`, the usage in the terminal event
+`message_delta`; the same relay reads it. A field `message_delta` sets (not null) wins
+over `message_start`'s, and the prompt is input + cache read + cache creation tokens
+(see usage.py: each prompt token counted once). The Responses API's typed events are read
+too: the response id and model in `response.created`, the usage in the terminal event
 (`response.completed`, `response.incomplete` or `response.failed`).
+
+Tool calls count as generated text: OpenAI's `delta.tool_calls[].function.arguments`,
+Anthropic's `input_json_delta` (and `thinking_delta`), so the first token is timed
+and an interrupted tool call is estimated like text.
 
 Once an OpenAI stream has shown its model and first content, later content events
 are not parsed as they pass: their text matters only if the stream ends without
@@ -27,7 +33,7 @@ from typing import Any
 import orjson
 
 from app.limits.estimate import TextCounter
-from app.upstream.usage import cached_tokens
+from app.upstream.usage import anthropic_cache, cache_writes, cached_tokens
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
@@ -51,7 +57,9 @@ class SseRelay:
         self.strip = strip_usage_chunk
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
-        self.cached_tokens = 0
+        self.cached_tokens = 0  # of prompt_tokens, read from the upstream's prompt cache
+        self.cache_write_tokens = 0  # of prompt_tokens, written to it (Anthropic)
+        self._anthropic_input = self._anthropic_output = 0
         self.text = TextCounter()
         self.model: str | None = None
         self.saw_content = False
@@ -153,38 +161,54 @@ class SseRelay:
         if choices and isinstance(choices, list):
             for choice in choices:
                 if isinstance(choice, dict):
-                    delta = choice.get("delta")
-                    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                    if text and isinstance(text, str):
-                        self.saw_content = True
-                        self.text.add(text)
+                    self._read_choice(choice)
             self._skim = self.model is not None and self.saw_content
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
             self.cached_tokens = cached_tokens(usage)
+            self.cache_write_tokens = cache_writes(usage)
             if self.strip and not choices:
                 return False
         return True
+
+    def _read_choice(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if text and isinstance(text, str):
+            self._add_text(text)
+        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if calls and isinstance(calls, list):
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                args = function.get("arguments") if isinstance(function, dict) else None
+                if isinstance(args, str) and args:
+                    self._add_text(args)
+
+    def _add_text(self, text: str) -> None:
+        self.saw_content = True
+        self.text.add(text)
 
     def _read_anthropic(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "message_start":
             message = obj.get("message") or {}
             if isinstance(message.get("model"), str):
                 self.model = message["model"]
-            usage = message.get("usage") or {}
-            self.prompt_tokens = _int(usage.get("input_tokens"))
-            self.cached_tokens = cached_tokens(usage)
+            usage = message.get("usage")
+            if isinstance(usage, dict):
+                self._take_anthropic_usage(usage)
         elif kind == "content_block_delta":
-            text = (obj.get("delta") or {}).get("text")
-            if isinstance(text, str) and text:
-                self.saw_content = True
-                self.text.add(text)
+            delta = obj.get("delta") or {}
+            for field in ("text", "partial_json", "thinking"):
+                text = delta.get(field)
+                if isinstance(text, str) and text:
+                    self._add_text(text)
+                    break
         elif kind == "message_delta":
-            usage = obj.get("usage") or {}
-            self.completion_tokens = _int(usage.get("output_tokens"))
-            if usage.get("input_tokens") is not None:
-                self.prompt_tokens = _int(usage.get("input_tokens"))
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                self._take_anthropic_usage(usage)
+                self.completion_tokens = self._anthropic_output
         elif kind == "message_stop":
             self.done = True
 
@@ -211,6 +235,19 @@ class SseRelay:
             if isinstance(usage, dict):
                 self._take_usage(usage.get("input_tokens"), usage.get("output_tokens"))
                 self.cached_tokens = cached_tokens(usage)
+
+    def _take_anthropic_usage(self, usage: dict[str, Any]) -> None:
+        """Merge one usage object: fields present and not null replace earlier ones."""
+        if usage.get("input_tokens") is not None:
+            self._anthropic_input = _int(usage.get("input_tokens"))
+        if usage.get("output_tokens") is not None:
+            self._anthropic_output = _int(usage.get("output_tokens"))
+        read, write = anthropic_cache(usage)
+        if usage.get("cache_read_input_tokens") is not None:
+            self.cached_tokens = read
+        if usage.get("cache_creation_input_tokens") is not None:
+            self.cache_write_tokens = write
+        self.prompt_tokens = self._anthropic_input + self.cached_tokens + self.cache_write_tokens
 
     def _take_usage(self, prompt: Any, completion: Any) -> None:
         self.prompt_tokens = _int(prompt)

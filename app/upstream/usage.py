@@ -5,6 +5,13 @@ JSON object is not an answer: it fails the attempt (`bad_response`), since each
 sub-task's output is validated before it is billed (docs/design.md). It is ambiguous:
 the upstream said 200, so it may have run (and billed) the request; it is sent again
 only where `retry_policy.retry_unanswered` allows.
+
+Prompt tokens are counted once, whatever the dialect: OpenAI's `prompt_tokens` already
+includes its cached part (`prompt_tokens_details.cached_tokens`), while Anthropic's
+`input_tokens` leaves out `cache_read_input_tokens` and `cache_creation_input_tokens`,
+so for Anthropic the prompt is the sum of the three (what the model actually read).
+`cached` (read from the cache) and `cache_write` (written to it) say how much of that
+prompt the cache served or stored.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ class Usage(NamedTuple):
     reported: bool = True
     cached: int = 0  # prompt tokens served from the upstream's prompt cache
     response_id: str | None = None  # the Responses API's id of the answer
+    cache_write: int = 0  # prompt tokens written to it (Anthropic's cache creation)
 
 
 def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False) -> Usage:
@@ -41,10 +49,15 @@ def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False
     if not isinstance(usage, dict):
         return Usage(0, 0, model, reported=False)
     if anthropic:
-        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
-    else:
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return Usage(_int(prompt), _int(completion), model, cached=cached_tokens(usage))
+        read, write = anthropic_cache(usage)
+        prompt = _int(usage.get("input_tokens")) + read + write
+        return Usage(
+            prompt, _int(usage.get("output_tokens")), model, cached=read, cache_write=write
+        )
+    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    return Usage(
+        prompt, completion, model, cached=cached_tokens(usage), cache_write=cache_writes(usage)
+    )
 
 
 def cached_tokens(usage: dict[str, Any]) -> int:
@@ -75,9 +88,23 @@ def _responses_usage(obj: dict[str, Any], usage: object, model: str | None) -> U
     )
 
 
+def cache_writes(usage: dict[str, Any]) -> int:
+    """Prompt tokens written to OpenAI's cache (`prompt_tokens_details.cache_write_tokens`,
+    part of `prompt_tokens`, priced at `billing.prices.*.cache_write` when set)."""
+    details = usage.get("prompt_tokens_details")
+    return _int(details.get("cache_write_tokens")) if isinstance(details, dict) else 0
+
+
+def anthropic_cache(usage: dict[str, Any]) -> tuple[int, int]:
+    """(cache read, cache creation) input tokens of an Anthropic usage object."""
+    return _int(usage.get("cache_read_input_tokens")), _int(
+        usage.get("cache_creation_input_tokens")
+    )
+
+
 def _bad(detail: str) -> AttemptFailed:
     return AttemptFailed(Reason.BAD_RESPONSE, retryable=True, ambiguous=True, detail=detail)
 
 
 def _int(value: object) -> int:
-    return value if isinstance(value, int) and value >= 0 else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -387,6 +387,33 @@ def _streams(r: Results) -> list[str]:
     return out + [f"- error: {e}" for e in s.get("errors", [])] + [""]
 
 
+def _affinity(r: Results) -> list[str]:
+    a = r.get("affinity")
+    if not a:
+        return []
+    p = a["plan"]
+    lines = [
+        f"## Scenario affinity: {p['sessions']} sessions x {p['turns']} turns, "
+        f"{p['concurrency']} at a time, over {p['domains']} domains with their own caches",
+        "",
+        "| case | cached share | ideal share | x ideal | requests per domain | max / mean "
+        "| placements | wall |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for case, row in a.get("cases", {}).items():
+        if "error" in row:
+            lines.append(f"| {case} | error: {row['error']} | | | | | | |")
+            continue
+        served = ", ".join(f"{d}: {n}" for d, n in row["served"].items())
+        placed = ", ".join(f"{k}: {v:g}" for k, v in row["outcomes"].items()) or "-"
+        lines.append(
+            f"| {case} | {row['cached_share']:.3f} | {row['ideal_share']:.3f} "
+            f"| {row['share_of_ideal']:.3f} | {served} | {row['max_over_mean']:.3f} "
+            f"| {placed} | {row['wall_s']:.1f} s |"
+        )
+    return [*lines, ""]
+
+
 def render(results: Results) -> str:
     targets = evaluate(results)
     parts = [
@@ -401,6 +428,7 @@ def render(results: Results) -> str:
         _throttle(results),
         _admission(results),
         _redis(results),
+        _affinity(results),
     ]
     errors = results.get("errors", [])
     if errors:

@@ -15,7 +15,9 @@ Scenarios, in order (each one's failure is recorded and the next one still runs)
 5. admission: cost of one per-key admission, memory vs Redis vs none (`admission.py`);
 6. redis: one worker with limits (and a domain's pace) shared through Redis against
    the same with in-process limits at c=64, with Redis commands per request
-   (`shared.py`).
+   (`shared.py`);
+7. affinity: 200 agent sessions of 8 turns over three domains with their own prompt
+   caches, with and without prompt-cache affinity (`affinity.py`).
 
 Writes tests/bench/results/<timestamp>/results.{json,md} and latest.{json,md}.
 Everything started is stopped on exit, error or Ctrl-C (process groups; see procs.py).
@@ -43,6 +45,7 @@ from typing import Any
 
 from tests.bench import (
     admission,
+    affinity,
     common,
     latency,
     quota,
@@ -59,7 +62,7 @@ from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
 from tests.bench.rss import Sampler
 
 RESULTS = ROOT / "tests" / "bench" / "results"
-SCENARIOS = ("static", "sim", "streams", "quota", "throttle", "admission", "redis")
+SCENARIOS = ("static", "sim", "streams", "quota", "throttle", "admission", "redis", "affinity")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -213,6 +216,9 @@ def _measure(
         def redis_() -> None:
             results["redis"] = shared.run(group, tmp, plan)
 
+        def affinity_() -> None:
+            results["affinity"] = affinity.run(tmp / "affinity")
+
         steps = {
             "static": static,
             "sim": sim,
@@ -221,6 +227,7 @@ def _measure(
             "throttle": throttle_,
             "admission": admission_,
             "redis": redis_,
+            "affinity": affinity_,
         }
         for name in SCENARIOS:
             if name in only:

@@ -288,6 +288,40 @@ def _redis(r: Results) -> list[Target]:
     ]
 
 
+def _affinity(r: Results) -> list[Target]:
+    """Issue 25's targets on the affinity scenario (see affinity.py)."""
+    cases = r.get("affinity", {}).get("cases", {})
+    on, off = cases.get("affinity") or {}, cases.get("no_affinity") or {}
+
+    def value(row: dict[str, Any], field: str) -> float | None:
+        return None if "error" in row or field not in row else float(row[field])
+
+    def share(row: dict[str, Any], field: str) -> str:
+        x = value(row, field)
+        return "n/a" if x is None else f"{x:.3f}"
+
+    return [
+        Target(
+            "affinity_cached_share",
+            "cached-token share with affinity >= 0.9 x the ideal (every turn after the "
+            "first served from cache)",
+            value(on, "share_of_ideal"),
+            0.9,
+            True,
+            f"cached share {share(on, 'cached_share')} vs ideal {share(on, 'ideal_share')}; "
+            f"without affinity {share(off, 'share_of_ideal')}x the ideal",
+        ),
+        Target(
+            "affinity_load_balance",
+            "max / mean requests per domain with affinity <= 1.25",
+            value(on, "max_over_mean"),
+            1.25,
+            False,
+            f"served {on.get('served', {})}; without affinity {off.get('served', {})}",
+        ),
+    ]
+
+
 CHECKS: tuple[Callable[[Results], list[Target]], ...] = (
     _throughput,
     _latency,
@@ -295,6 +329,7 @@ CHECKS: tuple[Callable[[Results], list[Target]], ...] = (
     _streams,
     _throttle,
     _redis,
+    _affinity,
 )
 
 

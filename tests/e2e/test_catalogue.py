@@ -16,7 +16,15 @@ import anthropic
 import httpx
 import pytest
 
-from tests.support.procs import ROOT, UPSTREAM_KEY, Gateway, GatewaySpec, Sim, digest
+from tests.support.procs import (
+    ROOT,
+    UPSTREAM_KEY,
+    Gateway,
+    GatewaySpec,
+    Sim,
+    digest,
+    free_port,
+)
 
 Make = Callable[..., Gateway]
 PING = [{"role": "user", "content": "ping"}]
@@ -61,9 +69,14 @@ def test_check_fails_with_the_fix_when_a_route_target_is_missing(
         "PATH": "/usr/bin:/bin",
         "TAOTOKEN_API_KEY": UPSTREAM_KEY,
         "TOKENGATE_API_ENDPOINT": sim.url,
+        # what `serve` needs on this host (check verifies it too): a log, a key, state files
+        "TOKENGATE_LOGGING__OUTPUT": "stderr",
+        "TOKENGATE_KEYS": json.dumps([{"alias": "a", "key_sha256": digest("tg-catalogue")}]),
+        "TOKENGATE_DATABASE__PATH": str(tmp_path / "tokengate.sqlite3"),
     }
+    port = str(free_port())
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "check"],
+        [sys.executable, "-m", "app.cli", "check", "--port", port],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -75,7 +88,7 @@ def test_check_fails_with_the_fix_when_a_route_target_is_missing(
     assert "model_aliases" in proc.stdout
     env["TOKENGATE_MODEL_ALIASES"] = json.dumps(ALIASES["model_aliases"])
     ok = subprocess.run(
-        [sys.executable, "-m", "app.cli", "check"],
+        [sys.executable, "-m", "app.cli", "check", "--port", port],
         cwd=ROOT,
         env=env,
         capture_output=True,

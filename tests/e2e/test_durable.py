@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db import migrate
 from tests.e2e.test_batches import FAST_KEYS, jsonl, line, sent_items, start, wait_done
 from tests.support.postgres import Postgres
 from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim, start_gateway
@@ -209,13 +210,15 @@ def test_a_schema_behind_stops_serve_until_db_upgrade(tmp_path: Path) -> None:
     assert "run `tokengate db upgrade`" in serve.stderr
     assert _cli("db", "check", env=env).returncode == 1
     upgraded = _cli("db", "upgrade", env=env)
-    assert upgraded.returncode == 0 and "0001 -> 0002" in upgraded.stdout
+    assert upgraded.returncode == 0 and f"0001 -> {migrate.head()}" in upgraded.stdout
     assert _cli("db", "check", env=env).returncode == 0
 
     backup = tmp_path / "backup.sqlite3"
     assert _cli("db", "backup", str(backup), env=env).returncode == 0
     with sqlite3.connect(backup) as copy:
-        assert copy.execute("SELECT version_num FROM alembic_version").fetchone() == ("0002",)
+        assert copy.execute("SELECT version_num FROM alembic_version").fetchone() == (
+            migrate.head(),
+        )
 
 
 def test_an_unreachable_database_stops_serve_naming_it_without_the_password(

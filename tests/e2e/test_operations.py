@@ -24,7 +24,8 @@ BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "ping"}], "m
 
 
 def admin_gateway(make_gateway: Make, sim: Sim, **kw: object) -> Gateway:
-    spec = GatewaySpec(settings={"admin_key": ADMIN}, **kw)  # type: ignore[arg-type]
+    kw.setdefault("settings", {"admin_key": ADMIN})
+    spec = GatewaySpec(**kw)  # type: ignore[arg-type]
     return make_gateway(spec, sim.url)
 
 
@@ -65,6 +66,65 @@ def test_put_limits_applies_live(sim: Sim, make_gateway: Make) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "requests_per_minute"
     missing = httpx.put(f"{gw.url}/admin/keys/nobody/limits", headers=ADMIN_H, json={})
     assert missing.status_code == 404
+
+
+def _key_limits(gw: Gateway, alias: str = "alice") -> dict[str, object]:
+    status = httpx.get(f"{gw.url}/admin/status", headers=ADMIN_H).json()
+    return next(k for k in status["limits"]["keys"] if k["alias"] == alias)
+
+
+def test_sighup_names_each_change_and_the_override_that_shadows_the_files(
+    sim: Sim, make_gateway: Make
+) -> None:
+    gw = admin_gateway(make_gateway, sim)
+    put = httpx.put(
+        f"{gw.url}/admin/keys/alice/limits", headers=ADMIN_H, json={"requests_per_minute": 5}
+    )
+    assert put.status_code == 200
+    config = (gw.workdir / "config.toml").read_text()
+    config = config.replace("batch_size = 16", "batch_size = 8")
+    config = config.replace("timeout_ms = 30000", "timeout_ms = 20000")
+    (gw.workdir / "config.toml").write_text(config)
+    settings = json.loads((gw.workdir / "settings.json").read_text())
+    settings["keys"][0]["requests_per_minute"] = 50
+    late = {"alias": "late", "key_sha256": "c" * 64, "expires_at": "2020-01-01T00:00:00Z"}
+    settings["keys"].append(late)
+    (gw.workdir / "settings.json").write_text(json.dumps(settings))
+    gw.proc.send_signal(signal.SIGHUP)
+    _wait_for(lambda: any("configuration reloaded" in x.get("msg", "") for x in gw.log_lines()))
+    notes = [x["msg"] for x in gw.log_lines() if x.get("msg", "").startswith("reload: ")]
+    assert "reload: applied: token_scheduler.batch_size 16 -> 8" in notes
+    assert "reload: restart needed: token_scheduler.timeout_ms 30000 -> 20000" in notes
+    assert any("key 'late' expired at 2020-01-01" in n for n in notes)
+    assert any(
+        "key 'alice': the live limits set through the admin API (requests_per_minute=5" in n
+        and "DELETE /admin/keys/alice/limits" in n
+        for n in notes
+    )
+    status = httpx.get(f"{gw.url}/admin/status", headers=ADMIN_H).json()
+    assert status["domains"]["domain-a"]["dispatch"]["batch_size"] == 8  # the running queue
+    assert _key_limits(gw)["limits"]["requests_per_minute"] == 5  # the override still wins
+    cleared = httpx.delete(f"{gw.url}/admin/keys/alice/limits", headers=ADMIN_H)
+    assert cleared.status_code == 200 and cleared.json()["cleared"] is True
+    assert _key_limits(gw)["limits"]["requests_per_minute"] == 50  # the files' value
+
+
+def test_a_cleared_override_leaves_every_replica_sharing_the_database(
+    sim: Sim, make_gateway: Make, tmp_path: Path
+) -> None:
+    shared = {"database": {"path": str(tmp_path / "shared.sqlite3")}}
+    one, two = (
+        admin_gateway(make_gateway, sim, settings={"admin_key": ADMIN, **shared}) for _ in range(2)
+    )
+    r = httpx.put(
+        f"{one.url}/admin/keys/alice/limits", headers=ADMIN_H, json={"requests_per_minute": 7}
+    )
+    assert r.status_code == 200
+    _wait_for(lambda: _key_limits(two)["live_override"] is True)
+    assert _key_limits(two)["limits"]["requests_per_minute"] == 7
+    assert httpx.delete(f"{one.url}/admin/keys/alice/limits", headers=ADMIN_H).is_success
+    _wait_for(lambda: _key_limits(two)["live_override"] is False)
+    assert _key_limits(two)["limits"]["requests_per_minute"] == 600
 
 
 async def _hammer(gw: Gateway, stop: asyncio.Event) -> list[str]:

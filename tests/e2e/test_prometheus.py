@@ -56,9 +56,20 @@ EVENT_ONLY = (
     "tokengate_redis_up",
     "tokengate_upstream_throttled_total",
     "tokengate_domain_pace_requests_per_second",
+    "tokengate_budget_exceeded_total",
+    "tokengate_unpriced_requests_total",
 )
 # Bob may send one request a minute: his second and later requests get 429.
-KEYS: dict[str, dict[str, Any]] = {"alice": {}, "bob": {"requests_per_minute": 1}}
+KEYS: dict[str, dict[str, Any]] = {
+    "alice": {"budgets": [{"period": "month", "max_cost": 1000}]},
+    "bob": {"requests_per_minute": 1},
+}
+# Every model the sim serves has a price: the cost panels have data, nothing is unpriced.
+BILLING = {
+    "prices": {
+        m: {"input": 1, "output": 2} for m in ("claude-sonnet", "gpt-4o", "text-embedding-3-small")
+    }
+}
 PHASE2_ALICE, PHASE2_BOB = 36, 4  # 10 % refused: TokengateHighRateLimitRatio's case
 
 
@@ -150,7 +161,7 @@ def send_every_kind_of_request(gateway: Gateway, sim: Sim) -> int:
 def test_live_scrape_passes_promtool_check_metrics(
     sim: Sim, make_gateway: Callable[..., Gateway]
 ) -> None:
-    gateway = make_gateway(GatewaySpec(keys=KEYS), sim.url)
+    gateway = make_gateway(GatewaySpec(keys=KEYS, settings={"billing": BILLING}), sim.url)
     send_every_kind_of_request(gateway, sim)
     scrape = gateway.metrics()
     for series in (
@@ -238,7 +249,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with contextlib.ExitStack() as cleanup:
         sim = start_sim()
         cleanup.callback(sim.stop)
-        gateway = start_gateway(tmp / "gw", GatewaySpec(keys=KEYS), sim.url)
+        spec = GatewaySpec(keys=KEYS, settings={"billing": BILLING})
+        gateway = start_gateway(tmp / "gw", spec, sim.url)
         cleanup.callback(gateway.stop)
         prometheus, url = start_prometheus(tmp, f"127.0.0.1:{gateway.port}")
         cleanup.callback(stop, prometheus)

@@ -33,7 +33,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, S
         Path(tmp_path_factory.mktemp("hostile")),
         GatewaySpec(
             settings={"admin_key": ADMIN, "model_route": {"fallback": None}},
-            keys={"alice": BIG_LIMITS, "small": {"tokens_per_minute": 10_000}},
+            keys={
+                "alice": BIG_LIMITS,
+                "small": {"tokens_per_minute": 10_000},
+                "strict": {"tokens_per_minute": 10_000, "reserve_output": "max_tokens"},
+            },
         ),
         sim.url,
     )
@@ -223,15 +227,19 @@ def test_huge_messages_array_gets_an_answer_or_a_clean_refusal(gw: Gateway, sim:
 
 
 def test_max_tokens_larger_than_the_minute_allowance_is_429_not_500(gw: Gateway, sim: Sim) -> None:
+    # reserve_output = "max_tokens": the ceiling is reserved, and can never fit
     for value in (10**12, 2**63 - 1):
-        r = httpx.post(f"{gw.url}{CHAT}", json=chat(max_tokens=value), headers=gw.headers("small"))
+        r = httpx.post(f"{gw.url}{CHAT}", json=chat(max_tokens=value), headers=gw.headers("strict"))
         assert_openai_error(r, 429, "max_tokens")
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         assert r.headers["x-should-retry"] == "false"
         assert 1 <= int(r.headers["retry-after"]) <= 60
-    r = httpx.post(f"{gw.url}{CHAT}", json=chat(max_tokens=10**12), headers=gw.headers())
-    assert r.status_code == 429
     assert sim.records(CHAT) == []
+    # the default ("estimate"): a ceiling is not a forecast, the request is served as sent
+    for value in (10**12, 2**63 - 1):
+        r = httpx.post(f"{gw.url}{CHAT}", json=chat(max_tokens=value), headers=gw.headers("small"))
+        assert r.status_code == 200, r.text[:300]
+    assert [rec["body"]["max_tokens"] for rec in sim.records(CHAT)] == [10**12, 2**63 - 1]
     still_alive(gw)
 
 

@@ -61,9 +61,39 @@ async def test_live_limits_apply_to_a_known_alias(make_client: MakeClient) -> No
     client = await make_client({"admin_key": ADMIN_KEY, "keys": [ALICE]})
     r = await client.put("/admin/keys/alice/limits", headers=ADMIN, json={"requests_per_minute": 7})
     assert r.status_code == 200
-    assert r.json() == {"alias": "alice", "requests_per_minute": 7, "tokens_per_minute": 120000}
+    assert r.json() == {
+        "alias": "alice",
+        "requests_per_minute": 7,
+        "tokens_per_minute": 120000,
+        "max_concurrent": None,
+    }
     unknown = await client.put("/admin/keys/bob/limits", headers=ADMIN, json={})
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "alias"
+
+
+async def test_deleting_live_limits_returns_the_key_to_the_files(make_client: MakeClient) -> None:
+    client = await make_client({"admin_key": ADMIN_KEY, "keys": [ALICE]})
+    put = await client.put("/admin/keys/alice/limits", headers=ADMIN, json={"tokens_per_minute": 9})
+    assert put.status_code == 200
+    status = (await client.get("/admin/status", headers=ADMIN)).json()
+    (key,) = status["limits"]["keys"]
+    assert key["live_override"] and key["limits"]["tokens_per_minute"] == 9
+    r = await client.delete("/admin/keys/alice/limits", headers=ADMIN)
+    assert r.status_code == 200
+    assert r.json() == {
+        "alias": "alice",
+        "cleared": True,
+        "requests_per_minute": 600,
+        "tokens_per_minute": 120000,
+    }
+    status = (await client.get("/admin/status", headers=ADMIN)).json()
+    (key,) = status["limits"]["keys"]
+    assert not key["live_override"] and key["limits"]["tokens_per_minute"] == 120000
+    again = await client.delete("/admin/keys/alice/limits", headers=ADMIN)
+    assert again.status_code == 200 and again.json()["cleared"] is False
+    unknown = await client.delete("/admin/keys/bob/limits", headers=ADMIN)
+    assert unknown.status_code == 404
+    assert (await client.delete("/admin/keys/alice/limits")).status_code == 401
 
 
 async def test_a_live_limit_set_on_one_worker_is_enforced_by_another_within_a_second(
@@ -91,3 +121,9 @@ async def test_a_live_limit_set_on_one_worker_is_enforced_by_another_within_a_se
         "requests_per_minute": 35,
         "tokens_per_minute": 60000,
     }
+    # cleared on one, it goes on the other too: the files' limits again
+    assert (await one.delete("/admin/keys/alice/limits", headers=ADMIN)).json()["cleared"]
+    while (await alice_on_two())["live_override"]:
+        assert time.monotonic() < deadline + 5, "the other worker kept the cleared limit"
+        await asyncio.sleep(0.1)
+    assert (await alice_on_two())["limits"]["requests_per_minute"] == 300

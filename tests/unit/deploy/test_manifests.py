@@ -299,7 +299,7 @@ def _services() -> dict[str, Any]:
 
 
 def test_compose_services() -> None:
-    assert set(_services()) == {*GATEWAYS, "sim", "redis", "postgres", "prometheus"}
+    assert set(_services()) == {*GATEWAYS, "sim", "redis", "postgres", "prometheus", "grafana"}
 
 
 def test_compose_keeps_durable_state_on_named_volumes() -> None:
@@ -394,3 +394,28 @@ def test_compose_prometheus_scrapes_compose_services() -> None:
         host, _, port = target.partition(":")
         assert host in _services(), f"{target}: no such compose service"
         assert port in {"8080", "9090", "6379"}, target
+
+
+def test_compose_grafana_provisions_the_dashboard_on_the_prometheus_service() -> None:
+    grafana = _services()["grafana"]
+    mounts = {}
+    for volume in grafana["volumes"]:
+        source, target, *_ = volume.split(":")
+        mounts[target] = (COMPOSE.parent / source).resolve()
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (datasource,) = documents(provisioning / "datasources" / "prometheus.yaml")
+    (source,) = datasource["datasources"]
+    assert source["type"] == "prometheus" and source["isDefault"] is True
+    host, _, port = source["url"].removeprefix("http://").partition(":")
+    assert host in _services() and _services()[host]["ports"] == [f"{port}:{port}"]
+    (dashboards,) = documents(provisioning / "dashboards" / "tokengate.yaml")
+    (provider,) = dashboards["providers"]
+    folder = provider["options"]["path"]
+    (mounted,) = [src for target, src in mounts.items() if target.startswith(f"{folder}/")]
+    assert mounted == DEPLOY / "grafana" / "tokengate-dashboard.json" and mounted.is_file()
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home in mounts and mounts[home] == mounted
+    # the dashboard's datasource variable picks the default Prometheus datasource
+    variables = {v["name"]: v for v in json.loads(mounted.read_text())["templating"]["list"]}
+    assert variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    assert "prometheus" in grafana["depends_on"]

@@ -3,7 +3,7 @@ failures (and lost acknowledgements), retention."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -11,19 +11,12 @@ import pytest
 from app.config.schema import DatabaseConfig, LedgerConfig
 from app.db import migrate
 from app.db.engine import Database, DatabaseUnavailable
+from app.db.tables import COUNTERS
 from app.db.usage import BucketKey, UsageBook, UsageQuery
 from app.limits.ledger import Ledger, UsageEntry
 from tests.support.clock import FakeClock
 
 T0 = 1_750_000_040.0  # 40 s into a minute, 440 s into an hour
-
-
-@pytest.fixture
-async def db(database_cfg: DatabaseConfig) -> AsyncIterator[Database]:
-    database = Database(database_cfg)
-    await migrate.prepare(database)
-    yield database
-    await database.close()
 
 
 class FlakyBook(UsageBook):
@@ -35,11 +28,13 @@ class FlakyBook(UsageBook):
         self.fail_before = 0
         self.fail_after = 0
 
-    async def write(self, writer: str, seq: int, rows: Mapping[BucketKey, Sequence[int]]) -> bool:
+    async def write(
+        self, writer: str, seq: int, rows: Mapping[BucketKey, Sequence[int]], spend: Any = None
+    ) -> bool:
         if self.fail_before:
             self.fail_before -= 1
             raise DatabaseUnavailable("database down (test)")
-        done = await super().write(writer, seq, rows)
+        done = await super().write(writer, seq, rows, spend)
         if self.fail_after:
             self.fail_after -= 1
             raise DatabaseUnavailable("connection lost after COMMIT (test)")
@@ -119,10 +114,11 @@ async def test_a_flush_whose_commit_was_not_acknowledged_is_not_counted_twice(
 
 async def test_two_writers_add_up_and_a_replayed_sequence_adds_nothing(db: Database) -> None:
     book = UsageBook(db)
-    key: BucketKey = (1_750_000_020, "alice", "m", "-", 200)
-    assert await book.write("w1", 1, {key: [1, 0, 5, 5, 0, 0, 0]})
-    assert await book.write("w2", 1, {key: [2, 1, 5, 5, 0, 0, 0]})
-    assert not await book.write("w1", 1, {key: [1, 0, 5, 5, 0, 0, 0]})
+    key: BucketKey = (1_750_000_020, "alice", "m", "-", 200, "-")
+    rest = [0] * (len(COUNTERS) - 4)
+    assert await book.write("w1", 1, {key: [1, 0, 5, 5, *rest]})
+    assert await book.write("w2", 1, {key: [2, 1, 5, 5, *rest]})
+    assert not await book.write("w1", 1, {key: [1, 0, 5, 5, *rest]})
     (row,) = await totals(book)
     assert (row["requests"], row["errors"], row["prompt_tokens"]) == (3, 1, 10)
 

@@ -141,9 +141,23 @@ def test_the_alerts_the_issue_asks_for_exist() -> None:
         "TokengateQueueSaturation": "tokengate_queue_depth",
         "TokengateHighLatencyP99": "tokengate_request_duration_seconds_bucket",
         "TokengateRedisDown": "tokengate_redis_up",
+        "TokengateQueueFull": "tokengate_queue_full_total",
+        "TokengateHighServerErrorRatio": 'tokengate_requests_total{status=~"5.."}',
     }
     for alert, metric in wanted.items():
         assert metric in exprs.get(alert, ""), alert
+
+
+def test_the_queue_alert_follows_the_configured_capacity() -> None:
+    expr = {rule["alert"]: rule["expr"] for rule in alerts()}["TokengateQueueSaturation"]
+    assert "tokengate_queue_depth / tokengate_queue_capacity" in expr
+    # a fraction of the capacity, never a depth hard-coded for one queue_capacity
+    assert all(float(n) <= 1 for n in re.findall(r"(?<![\w.])\d+(?:\.\d+)?", expr)), expr
+
+
+def test_the_dashboard_domain_filter_keeps_refusals_counted_under_none() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert variables["domain"]["allValue"] == ".*"
 
 
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
@@ -193,3 +207,13 @@ def test_dashboard_variables_are_defined() -> None:
     for expr in dashboard_exprs(dash):
         used = set(re.findall(r"\$\{?(\w+)", expr))
         assert used <= defined, f"undefined variables {sorted(used - defined)} in {expr}"
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    taken: dict[tuple[int, int], str] = {}
+    for panel in dashboard()["panels"]:
+        grid = panel["gridPos"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, f"{panel['title']} overlaps {taken[(x, y)]}"
+                taken[(x, y)] = panel["title"]

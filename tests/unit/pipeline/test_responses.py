@@ -20,6 +20,9 @@ from app.runtime import KeySpec
 from tests.support.inproc import MakeGateway, ledger_rows
 
 TWO_DOMAINS = {
+    # routed by least expected wait (then the configured order), not by conversation
+    # (prompt-cache affinity): these tests choose which domain a new response lands on
+    "affinity": {"enabled": False},
     "model_route": {"default": "m-1"},
     "retry_policy": {"max_attempts": 1},
     "rate_limit": {"default_max_tokens": 100},

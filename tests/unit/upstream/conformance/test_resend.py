@@ -35,7 +35,9 @@ def second_domain(how: str, first: str, second: str) -> dict[str, Any]:
     """Settings where `second` takes over from `first`: as another domain serving the
     same model, or as the domain of the fallback model."""
     if how == "another-domain":
-        return {}
+        # routing by least expected wait (equal here: the configured order, d0 first),
+        # not by the conversation's domain, so the dead one is always tried first
+        return {"affinity": {"enabled": False}}
     return {
         "model_route": {"fallback": "m-2"},
         "scale_up": [

@@ -1,0 +1,169 @@
+"""The seed's `config.toml` sections: the cluster, its token scheduler, its Scale-up
+domains (one table or a `[[scale_up]]` array), the scale-out network and logging."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from app.config.section import DomainName, PositiveInt, Section
+from app.kinds import ApiStyle
+
+
+class ClusterConfig(Section):
+    name: str = Field("tokengate", description="Cluster name, shown in `/admin/status`.")
+    scale_up_domain: DomainName = Field(
+        "default",
+        description="Domain id used when `[scale_up]` is a single table (one domain).",
+    )
+    node_count: int = Field(1, ge=1, description="Management nodes (informational).")
+    gpu_per_node: int = Field(8, ge=0, description="GPUs per node (informational).")
+    total_gpus: int = Field(8, ge=0, description="GPUs in the supernode (informational).")
+
+
+class TokenSchedulerConfig(Section):
+    api_base: str = Field(
+        "https://taotoken.net/api",
+        description="Default upstream base URL (OpenAI-compatible, without `/v1`) for domains "
+        "that set no `api_base`. `api_endpoint` in settings.json, when set, takes precedence.",
+    )
+    api_key_env: str = Field(
+        "TAOTOKEN_API_KEY",
+        description="Environment variable holding the default upstream key. "
+        "Keys never live in files.",
+    )
+    timeout_ms: PositiveInt = Field(
+        30000,
+        description="Upstream read timeout per attempt (time between bytes) and total per attempt "
+        "for non-streaming calls; exhaustion answers 504.",
+    )
+    connect_timeout_ms: PositiveInt = Field(
+        5000, description="Upstream TCP/TLS connect timeout per attempt."
+    )
+    max_retries: int = Field(
+        3,
+        ge=0,
+        le=10,
+        description="Retries after the first attempt; used only when `retry_policy.max_attempts` "
+        "is unset (attempts = max_retries + 1).",
+    )
+    batch_size: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Most queued requests a domain releases upstream in one dispatch group. "
+        "Too large makes a group wait to fill: lower it (64 -> 16/32) when dispatch latency "
+        "is high.",
+    )
+    batch_window_ms: float = Field(
+        2.0,
+        ge=0,
+        le=1000,
+        description="Longest a dispatch group of queued requests waits to fill; a request that "
+        "finds a free slot and nobody queued goes at once.",
+    )
+    queue_capacity: int = Field(
+        1024, ge=1, description="Queued requests per domain; past it new requests get 503."
+    )
+    max_queue_wait_ms: PositiveInt = Field(
+        30000, description="A request queued longer than this gets 503 with Retry-After."
+    )
+    max_inflight: int = Field(
+        64,
+        gt=0,
+        le=100_000,
+        description="Default limit of concurrent upstream requests per domain (a stream holds "
+        "its slot until it ends).",
+    )
+
+
+class ScaleUpConfig(Section):
+    domain: DomainName | None = Field(
+        None,
+        description="Domain id. Required in the `[[scale_up]]` array form; the single-table "
+        "form uses `cluster.scale_up_domain`.",
+    )
+    interconnect: str = Field("high-speed", description="Interconnect type (informational).")
+    latency_target_us: float | None = Field(
+        None, ge=0, description="Target GPU-to-GPU latency in microseconds (informational)."
+    )
+    memory_pool: str | None = Field(None, description="Memory pool kind (informational).")
+    api_base: str | None = Field(
+        None, description="This domain's upstream base URL; default `token_scheduler.api_base`."
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Environment variable with this domain's upstream key, so domains do not "
+        "share one quota; default `token_scheduler.api_key_env`.",
+    )
+    models: list[str] | None = Field(
+        None,
+        description="Models this domain serves; unset means discovered from the upstream's "
+        "`/v1/models` at start and on every health probe.",
+    )
+    max_inflight: PositiveInt | None = Field(
+        None, description="Concurrent upstream requests; default `token_scheduler.max_inflight`."
+    )
+    requests_per_minute: PositiveInt | None = Field(
+        None,
+        description="This domain's upstream key quota in requests/min: the gateway paces to "
+        "stay under it (queues, never rejects).",
+    )
+    tokens_per_minute: PositiveInt | None = Field(
+        None, description="This domain's upstream key quota in tokens/min, paced like requests."
+    )
+    quota_window_sec: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="Shortest window the upstream may count its quota over: no interval this "
+        "long gets more than its share of the quota (a burst of 5 % of it, the rest spaced). "
+        "Providers quantize per-minute quotas to short windows, hence 1 s; longer allows "
+        "bigger bursts, and is safe only if the upstream really counts that long.",
+    )
+    weight: float = Field(
+        1.0, gt=0, description="Routing weight among domains serving the same model."
+    )
+    api_style: ApiStyle = Field(
+        ApiStyle.OPENAI,
+        description="Which API the upstream speaks: `openai` (chat/completions/embeddings), "
+        "`anthropic` (`POST /v1/messages`, authenticated with `x-api-key`) or `both`.",
+    )
+    responses: bool = Field(
+        True,
+        description="The upstream (api_style `openai` or `both`) serves OpenAI's Responses API "
+        "(`/v1/responses`); false keeps Responses traffic, and the WebSocket mode, off "
+        "this domain.",
+    )
+    responses_websocket: bool = Field(
+        False,
+        description="The upstream also serves the Responses WebSocket mode (OpenAI does): "
+        "requests that reach the gateway over its WebSocket mode go on over a WebSocket of "
+        "their own, one per client connection, sending only the new items while the "
+        "upstream holds the conversation. False: HTTP + SSE, the whole conversation each time.",
+    )
+
+
+class ScaleOutConfig(Section):
+    enabled: bool = Field(False, description="Scale-out network in use (informational).")
+    protocol: str = Field("rdma", description="Scale-out protocol (informational).")
+    fallback: str = Field("tcp", description="Scale-out fallback protocol (informational).")
+
+
+class LoggingConfig(Section):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    output: str = Field(
+        "stderr",
+        description="`stdout`, `stderr` or a file path; the directory must exist and be writable.",
+    )
+    log_prompts: bool = Field(
+        False,
+        description="Debug only: include prompt text in request log lines. Off, prompts never "
+        "reach the log.",
+    )
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value

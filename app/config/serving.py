@@ -1,0 +1,118 @@
+"""How the gateway serves: request limits, drain, the status page, the Responses API's
+WebSocket mode and its memory, and tracing."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from app.config.section import PositiveInt, Section
+
+
+class ServerConfig(Section):
+    max_body_bytes: PositiveInt = Field(
+        8 * 1024 * 1024, description="Largest request body accepted; larger gets 413."
+    )
+    max_header_bytes: PositiveInt = Field(
+        64 * 1024, description="Largest total size of a request's headers; larger gets 431."
+    )
+    max_headers: PositiveInt = Field(
+        128, description="Most headers a request may carry; more gets 431."
+    )
+    drain_timeout_sec: float = Field(
+        30, ge=0, description="On SIGTERM, how long in-flight and queued work may finish."
+    )
+    drain_delay_sec: float = Field(
+        0,
+        ge=0,
+        le=60,
+        description="On SIGTERM, seconds to keep serving with readiness at 503 before "
+        "closing the listener (lets a load balancer stop sending first).",
+    )
+    upstream_client: Literal["aiohttp", "native", "httpx"] = Field(
+        "aiohttp",
+        description="Upstream HTTP client: always aiohttp. `native` and `httpx` (clients of "
+        "earlier versions) still load, as aliases of `aiohttp`, with a warning at start.",
+    )
+
+
+class UiConfig(Section):
+    enabled: bool = Field(
+        True,
+        description="Serve the live status page at `/ui` (its data, `/admin/ui/snapshot`, needs "
+        "the admin key). Off: both answer 404 and no recent traffic is kept in memory.",
+    )
+    step_sec: int = Field(
+        5,
+        ge=1,
+        le=60,
+        description="Seconds per point of the status page's 15-minute charts (900 / step_sec "
+        "points per series, kept in a fixed-size ring in each process).",
+    )
+
+
+class ResponsesConfig(Section):
+    websocket: bool = Field(
+        True,
+        description="Serve the Responses WebSocket mode on `GET /v1/responses` (what Codex "
+        "CLI tries first), bridged to the domains over HTTP + SSE. False (or no domain "
+        "serving the Responses API) answers the upgrade with 426, so clients fall back to "
+        "HTTP at once.",
+    )
+    id_ttl_sec: PositiveInt = Field(
+        30 * 24 * 3600,
+        description="How long the gateway remembers which domain (and key) created a stored "
+        "response, for `previous_response_id` and `/v1/responses/{id}` (in Redis when "
+        "configured, so every replica knows; OpenAI keeps responses 30 days).",
+    )
+    max_local_ids: PositiveInt = Field(
+        100_000,
+        description="Response ids each process keeps in memory (least recently used dropped "
+        "first); with Redis this is only a cache in front of it.",
+    )
+    websocket_cached_responses: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Responses each WebSocket connection keeps (input and output items) so a "
+        "`response.create` with `previous_response_id` and only the new items can be sent to "
+        "a stateless upstream in full.",
+    )
+
+
+class TracingConfig(Section):
+    enabled: bool = Field(
+        False,
+        description="Export an OpenTelemetry trace of each request over OTLP/HTTP: a span per "
+        "request (GenAI attributes), one per queue wait and one per upstream attempt. Needs "
+        "`pip install 'tokengate[otel]'` (in the container image). Off: nothing is loaded.",
+    )
+    endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP traces URL, e.g. `http://collector:4318/v1/traces`. Unset: "
+        "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT` + "
+        "`/v1/traces`, else `http://localhost:4318/v1/traces`.",
+    )
+    service_name: str | None = Field(
+        None,
+        description="`service.name` of the spans. Unset: `OTEL_SERVICE_NAME`, else `tokengate`.",
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of requests traced. A client's `traceparent` decides for its own "
+        "requests (sampled or not), as W3C propagation expects.",
+    )
+    headers: SecretStr | None = Field(
+        None,
+        description="Headers of each export, `name=value,name2=value2` (a tracing service's "
+        "key): a secret, give it as `${VAR}` in settings.json or the environment. Unset: "
+        "`OTEL_EXPORTER_OTLP_TRACES_HEADERS` / `OTEL_EXPORTER_OTLP_HEADERS`.",
+    )
+    propagate: bool = Field(
+        True,
+        description="Send each upstream attempt's `traceparent` upstream, so an upstream that "
+        "traces joins the request's trace. Off: no trace header leaves the gateway.",
+    )
