@@ -31,10 +31,11 @@ class QueueClass(StrEnum):
 
     @classmethod
     def of(cls, priority: Priority) -> QueueClass:
-        return cls(priority.value)
+        return _QUEUE_OF[priority]  # once per request: a lookup, not an enum call
 
 
 INTERACTIVE = (QueueClass.HIGH, QueueClass.NORMAL, QueueClass.LOW)
+_QUEUE_OF = {p: QueueClass(p.value) for p in Priority}
 
 
 class ApiStyle(StrEnum):

@@ -11,12 +11,23 @@ gateway attached one with `watch`: the page and Prometheus count the same events
 Label values are bounded: `key` is the alias, `model` is one of the configured or
 discovered models (else `other`), `domain` comes from the config. Label children are
 cached per label tuple because `.labels()` takes a lock and builds a tuple each call.
+
+The instruments every request touches (requests, durations, tokens, attempts, dispatch
+groups and queue waits, time to first token) are recorded in plain `_Tally` cells and
+handed to prometheus_client when the registry is collected (a scrape, or anything
+reading the registry: `_Fold` is its first collector), not per call: prometheus_client
+takes a lock and checks the child on every increment, and a histogram walks its
+buckets, which was about a sixth of the gateway's own instructions per request
+(deploy/BENCHMARKS.md). With `--workers N` the values live in shared files that other
+workers' scrapes read, so there each record is handed over at once (write-through). The
+cells are the event loop's: the verbs and the scrape run on its thread.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -71,6 +82,66 @@ class RedisStateLike(Protocol):
     def replicas(self) -> int: ...
 
 
+class _Tally:
+    """A counter's or a histogram's records not yet handed to its prometheus_client child.
+
+    A histogram's observation is counted in the bucket prometheus_client would count it
+    in (the first upper bound >= the value: `bisect_left` over the child's own bounds),
+    and folded in with the child's bucket and sum values, the ones `observe` adds to."""
+
+    __slots__ = ("bounds", "buckets", "child", "counts", "total", "write_through")
+
+    def __init__(self, child: Any, write_through: bool) -> None:
+        self.child = child
+        self.write_through = write_through
+        self.total = 0.0  # a counter's increments, a histogram's sum
+        # A histogram's bounds (+Inf last) and per-bucket counts; None for a counter.
+        self.bounds: list[float] | None = getattr(child, "_upper_bounds", None)
+        self.buckets: list[Any] = getattr(child, "_buckets", [])
+        self.counts = [0] * len(self.buckets)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.total += amount
+        if self.write_through:
+            self.fold()
+
+    def observe(self, value: float) -> None:
+        assert self.bounds is not None
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        if self.write_through:
+            self.fold()
+
+    def fold(self) -> None:
+        if self.bounds is None:
+            if self.total:
+                self.child.inc(self.total)
+                self.total = 0.0
+            return
+        counts = self.counts
+        for i, n in enumerate(counts):
+            if n:
+                self.buckets[i].inc(n)
+                counts[i] = 0
+        self.child._sum.inc(self.total)
+        self.total = 0.0
+
+
+class _Fold:
+    """Registered first on the registry: collecting it hands every tally to its child, so
+    the instruments collected after it are exact. It exposes nothing itself."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        self.metrics.fold()
+        return iter(())
+
+
 def multiprocess_enabled() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
@@ -86,10 +157,13 @@ class Metrics:
         self.registry = registry
         self._models: set[str] = set(models)
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._answers: dict[tuple[str, str, str, int], tuple[Any, Any, Any, Any]] = {}
+        self._tallies: dict[tuple[Any, ...], _Tally] = {}
+        self._answers: dict[tuple[str, str, str, int], tuple[_Tally, ...]] = {}
+        self._write_through = multiprocess_enabled()
         self._ring: Ring | None = None
         self._errors: RecentErrors | None = None
         r = registry
+        r.register(_Fold(self))  # first: the instruments below are collected after it
         self.requests = Counter(
             "tokengate_requests",
             "Requests answered, by serving domain, model and HTTP status.",
@@ -296,11 +370,24 @@ class Metrics:
             self._children[key] = child
         return child
 
+    def _tally(self, metric: Any, *labels: str) -> _Tally:
+        """The hot path's cell for one child (see the module docstring)."""
+        key = (id(metric), *labels)
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = _Tally(self._child(metric, *labels), self._write_through)
+        return tally
+
+    def fold(self) -> None:
+        """Hand every tally to prometheus_client (before any read of the registry)."""
+        for tally in self._tallies.values():
+            tally.fold()
+
     # -- verbs ----------------------------------------------------------------------
     def record_request(self, domain: str, model: str | None, status: int, seconds: float) -> None:
         m = self.model_label(model)
-        self._child(self.requests, domain, m, str(status)).inc()
-        self._child(self.duration, domain, m).observe(seconds)
+        self._tally(self.requests, domain, m, str(status)).inc()
+        self._tally(self.duration, domain, m).observe(seconds)
         if self._ring is not None:
             self._ring.answered(status)
 
@@ -322,10 +409,10 @@ class Metrics:
         kids = self._answers.get((domain, usage.key, m, status))
         if kids is None:
             kids = self._answers[(domain, usage.key, m, status)] = (
-                self._child(self.requests, domain, m, str(status)),
-                self._child(self.duration, domain, m),
-                self._child(self.tokens, usage.key, m, TokenKind.PROMPT),
-                self._child(self.tokens, usage.key, m, TokenKind.COMPLETION),
+                self._tally(self.requests, domain, m, str(status)),
+                self._tally(self.duration, domain, m),
+                self._tally(self.tokens, usage.key, m, TokenKind.PROMPT),
+                self._tally(self.tokens, usage.key, m, TokenKind.COMPLETION),
             )
         requests, duration, prompt, completion = kids
         requests.inc()
@@ -342,7 +429,7 @@ class Metrics:
             )
 
     def record_ttft(self, domain: str, model: str | None, seconds: float) -> None:
-        self._child(self.ttft, domain, self.model_label(model)).observe(seconds)
+        self._tally(self.ttft, domain, self.model_label(model)).observe(seconds)
         if self._ring is not None:
             self._ring.ttft(seconds)
 
@@ -365,7 +452,7 @@ class Metrics:
         self._child(self.resends, domain, reason).inc()
 
     def record_attempt(self, domain: str, outcome: str) -> None:
-        self._child(self.attempts, domain, outcome).inc()
+        self._tally(self.attempts, domain, outcome).inc()
 
     def record_stream_error(self, domain: str, reason: str) -> None:
         self._child(self.stream_errors, domain, reason).inc()
@@ -374,10 +461,10 @@ class Metrics:
         self._child(self.fallbacks, self.model_label(model), self.model_label(fallback)).inc()
 
     def record_group(self, domain: str, size: int) -> None:
-        self._child(self.batch, domain).observe(size)
+        self._tally(self.batch, domain).observe(size)
 
     def record_queue_wait(self, domain: str, seconds: float) -> None:
-        self._child(self.queue_wait, domain).observe(seconds)
+        self._tally(self.queue_wait, domain).observe(seconds)
         if self._ring is not None:
             self._ring.queue_wait(seconds)
 
@@ -607,6 +694,7 @@ class Metrics:
 
     # -- exposition ---------------------------------------------------------------------
     def render(self) -> bytes:
+        self.fold()
         if multiprocess_enabled():
             registry = CollectorRegistry()
             _mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
@@ -39,7 +39,7 @@ class Finish(Protocol):
     def __call__(self, status: int, *, failed: tuple[int, int]) -> object: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Reply:
     response: UpstreamResponse
     first: bytes
@@ -47,8 +47,10 @@ class Reply:
     usage: Usage | None
 
 
-@dataclass(frozen=True)
-class JsonAnswer:
+class JsonAnswer(NamedTuple):
+    """(A NamedTuple: one is built per request, and a frozen dataclass pays an
+    `object.__setattr__` per field.)"""
+
     status: int
     body: bytes
     content_type: str

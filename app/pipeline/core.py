@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from itertools import chain
 
@@ -567,7 +567,7 @@ async def _traced(span: RequestSpan, domain: Domain, wait: Awaitable[Slot]) -> S
         return await wait
 
 
-def _status_failure(status: int, body: bytes, headers: dict[str, str]) -> AttemptFailed:
+def _status_failure(status: int, body: bytes, headers: Mapping[str, str]) -> AttemptFailed:
     return status_failure(status, body, headers.get("content-type", "application/json"), headers)
 
 

@@ -63,7 +63,7 @@ RESPONSES_COMPACT = Endpoint(
 )
 
 
-@dataclass
+@dataclass(slots=True)
 class ClientRequest:
     endpoint: Endpoint
     key: KeySpec

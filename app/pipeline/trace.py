@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from app.tracing import RequestSpan
 
 
-@dataclass
+@dataclass(slots=True)
 class Attempt:
     n: int
     domain: str
@@ -29,7 +29,7 @@ class Attempt:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class Trace:
     request_id: str
     key: str

@@ -23,6 +23,7 @@ so it is answered at once after this one attempt.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from enum import StrEnum
 
 import orjson
@@ -115,7 +116,7 @@ class AttemptFailed(Exception):
 
 
 def status_failure(
-    status: int, body: bytes, content_type: str, headers: dict[str, str]
+    status: int, body: bytes, content_type: str, headers: Mapping[str, str]
 ) -> AttemptFailed:
     if status == 429:
         return _too_many(body, content_type, headers)
@@ -141,7 +142,7 @@ def status_failure(
     )
 
 
-def _too_many(body: bytes, content_type: str, headers: dict[str, str]) -> AttemptFailed:
+def _too_many(body: bytes, content_type: str, headers: Mapping[str, str]) -> AttemptFailed:
     if _insufficient_quota(body):
         return AttemptFailed(
             Reason.INSUFFICIENT_QUOTA,
@@ -175,7 +176,7 @@ def _insufficient_quota(body: bytes) -> bool:
     return "insufficient_quota" in (error.get("code"), error.get("type"))
 
 
-def parse_retry_after(headers: dict[str, str]) -> float | None:
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """`retry-after-ms` (OpenAI's, exact) first, then `retry-after` in seconds; anything
     not a finite number (an HTTP date, `inf`, `nan`) is no hint at all."""
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):

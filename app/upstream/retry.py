@@ -15,13 +15,16 @@ that is honoured exactly, and one longer than `max_retry_after_ms` ends retrying
 once (waiting would outlive the client). `on_retry` hears of each failure that is
 retried, before the wait.
 
-Every attempt, the first included, is one tenacity decided on: `call_with_retries` asks
-tenacity's controller what to do next (attempt, sleep, or raise the last failure) and
-does it. The policy (stop, wait, the retry predicate, the hook) is built once per
-`RetrySpec`; per call only the controller is made, as tenacity's own decorator does,
-since it keeps scratch state of the call in progress. What differs per call (the
-domain's budget, the hook) reaches the shared policy as the call's argument, which
-tenacity keeps in `RetryCallState.args`.
+The first attempt is made directly: only a failure can be retried, so tenacity has
+nothing to decide before one, and building its controller for every request (most of
+which succeed at once) cost about 11 µs each (deploy/BENCHMARKS.md). On the first
+failure `call_with_retries` builds tenacity's controller, hands it that failure as the
+outcome of attempt 1 (with the time the call began), and from then on asks it what to
+do next (sleep, or raise the last failure) and does it. The policy (stop, wait, the
+retry predicate, the hook) is built once per `RetrySpec`; per retried call only the
+controller is made, as tenacity's own decorator does, since it keeps scratch state of
+the call in progress. What differs per call (the domain's budget, the hook) reaches the
+shared policy as the call's argument, which tenacity keeps in `RetryCallState.args`.
 
 The controller is tenacity's synchronous `Retrying`, driven by an async loop, rather
 than `AsyncRetrying`: the decisions are the same synchronous code either way, but
@@ -33,6 +36,7 @@ only failures are ever retried, so asking tenacity about a result could only say
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -147,19 +151,25 @@ async def call_with_retries(
 ) -> T:
     """Run `attempt(n)` (n = 1, 2, ...) until it returns or retrying must stop; the last
     failure is raised as it came (tenacity's `reraise`)."""
+    started = time.monotonic()
+    try:
+        return await attempt(1)
+    except BaseException as exc:  # tenacity's to judge, cancellation included
+        first = exc
     controller = Retrying(
         stop=spec.stop, wait=spec.wait, retry=spec.retry, before_sleep=_before_sleep, reraise=True
     )
     controller.begin()
     state = RetryCallState(controller, None, (_Call(budget, on_retry),), {})
+    state.start_time = started
+    state.set_exception((type(first), first, first.__traceback__))
     while True:
-        # Never a result to judge (a success returned below): an attempt, a sleep, or
-        # the failure raised because retrying stops.
+        # A failure is the outcome to judge: tenacity answers how long to sleep before
+        # the next attempt, or raises that failure because retrying stops.
         do = controller.iter(state)
-        if isinstance(do, DoSleep):
-            state.prepare_for_next_attempt()
-            await asyncio.sleep(do)
-            continue
+        assert isinstance(do, DoSleep)  # a failed outcome never asks for an attempt at once
+        state.prepare_for_next_attempt()
+        await asyncio.sleep(do)
         try:
             return await attempt(state.attempt_number)
         except BaseException as exc:  # tenacity's to judge, cancellation included

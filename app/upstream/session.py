@@ -39,23 +39,32 @@ from __future__ import annotations
 import asyncio
 import ssl
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
+from multidict import CIMultiDictProxy
 from yarl import URL
 
 from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.proxyenv import Proxies
-from app.upstream.transport import Timeouts, UpstreamResponse, joined, refused
+from app.upstream.transport import Timeouts, UpstreamResponse, refused
 
 KEEPALIVE_SEC = 4.0
 DNS_TTL_SEC = 60
 HAPPY_EYEBALLS_DELAY = 0.25  # RFC 8305's connection attempt delay
 READ_BUFSIZE = 64 * 1024
+# aiohttp adds a User-Agent and an Accept-Encoding of its own to a request without them;
+# the gateway's requests carry both (`client.upstream_headers`), and asking aiohttp to
+# skip them anyway costs a copy of the headers per request, so it is asked only when one
+# is missing.
+_OWN_HEADERS = frozenset({"user-agent", "accept-encoding"})
+_NOT_ADDED = ("User-Agent", "Accept-Encoding")
 # Python before 3.12.8 can leak an aborted TLS transport (cpython#118960): aiohttp's
 # cleanup closes them; later versions fixed it and aiohttp warns if asked.
+T = TypeVar("T")
 _CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
 
 
@@ -142,7 +151,6 @@ class AiohttpTransport:
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 read_bufsize=READ_BUFSIZE,
                 raise_for_status=False,
@@ -161,6 +169,7 @@ class AiohttpTransport:
                 route.url,
                 data=body,
                 headers=headers,
+                skip_auto_headers=None if headers.keys() >= _OWN_HEADERS else _NOT_ADDED,
                 timeout=self._timeout[stream],
                 proxy=route.proxy,
                 proxy_headers=route.connect_headers,
@@ -179,13 +188,50 @@ class AiohttpTransport:
             await self._session.close()
 
 
+class _Headers(Mapping[str, str]):
+    """An answer's head as the pipeline reads it (`transport.joined`'s view: names in any
+    case, a repeated field as its values joined with ", "), over aiohttp's multidict
+    without copying it: a request reads a handful of fields of a head that, from a
+    hosted API, has twenty or more."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: CIMultiDictProxy[str]) -> None:
+        self._raw = raw
+
+    def __getitem__(self, name: str) -> str:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    @overload
+    def get(self, name: str, /) -> str | None: ...
+    @overload
+    def get(self, name: str, /, default: str | T) -> str | T: ...
+    def get(self, name: str, /, default: object = None) -> object:
+        values = self._raw.getall(name, None)
+        if values is None:
+            return default
+        return values[0] if len(values) == 1 else ", ".join(values)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({name.lower(): None for name in self._raw})
+
+    def __len__(self) -> int:
+        return len({name.lower() for name in self._raw})
+
+
 class _Response:
     __slots__ = ("_resp", "headers", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
-        self.headers = joined(resp.headers.items())
+        self.headers = _Headers(resp.headers)
 
     async def read(self) -> bytes:
         try:

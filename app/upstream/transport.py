@@ -17,7 +17,7 @@ since the gateway reads, rewrites and re-frames every body it relays.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,7 +35,11 @@ class Timeouts:
 
 class UpstreamResponse(Protocol):
     status: int
-    headers: dict[str, str]
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Lower-case names; a repeated field reads as its values joined with ", "."""
+        ...
 
     @property
     def complete(self) -> bool:
@@ -67,7 +71,7 @@ def joined(items: Iterable[tuple[str, str]]) -> dict[str, str]:
     return headers
 
 
-def refused(status: int, headers: dict[str, str]) -> AttemptFailed | None:
+def refused(status: int, headers: Mapping[str, str]) -> AttemptFailed | None:
     """Why this head is no answer the gateway can relay (None: it is one). The request
     went out and something came back, so the failure is ambiguous."""
     if status < 200:

@@ -16,16 +16,16 @@ prompt the cache served or stored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from app.upstream.attempt import AttemptFailed, Reason
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(NamedTuple):
+    """(A NamedTuple: one is built per answer; see `JsonAnswer`.)"""
+
     prompt: int
     completion: int
     model: str | None

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.bench.targets import Results, Target, cell, evaluate, rps
+from tests.bench.targets import HOT_PATH, Results, Target, cell, evaluate, rps
 
 SUBJECT_ORDER = (
     "direct",
@@ -21,6 +21,8 @@ SUBJECT_ORDER = (
     "tokengate-1w-info",
     "tokengate-1w-redis",
     "tokengate-2w",
+    "floor-canned",
+    "floor-relay",
     "litellm",
 )
 
@@ -92,6 +94,27 @@ def _targets(targets: list[Target]) -> list[str]:
         "## Targets",
         "",
         *_table(["target", "verdict", "value", "margin", "numbers"], rows),
+        "",
+    ]
+
+
+def _hot_path(targets: list[Target]) -> list[str]:
+    """Issue 23's five targets, each as measured vs target, met or missed."""
+    by_id = {t.id: t for t in targets}
+    rows = [
+        [
+            t.goal,
+            _num(t.value, 3),
+            f"{'>=' if t.higher_is_better else '<='} {t.threshold:g}",
+            t.met,
+            t.detail,
+        ]
+        for t in (by_id[i] for i in HOT_PATH if i in by_id)
+    ]
+    return [
+        "## The hot path (issue 23)",
+        "",
+        *_table(["target", "measured", "target", "", "numbers"], rows),
         "",
     ]
 
@@ -312,6 +335,58 @@ def _throttle(r: Results) -> list[str]:
     return [*lines, ""]
 
 
+def _streams(r: Results) -> list[str]:
+    s = r.get("streams")
+    if not s:
+        return []
+    out = []
+    chunk = s.get("chunk") or {}
+    if chunk:
+        sim = chunk["sim"]
+        out += [
+            f"## Scenario streams: CPU per SSE event ({chunk['events_per_answer']} events an "
+            f"answer, one a {1000 / sim['tokens_per_sec']:g} ms, c={chunk['concurrency']}, "
+            f"{chunk['rounds']} rounds)",
+            "",
+        ]
+        rows = [
+            [
+                name,
+                str(v["events_per_answer"]),
+                str(v["answers"]),
+                _num(v["cpu_us_per_chunk"], 2),
+                ", ".join(_num(c["subject_cpu_util"], 2) for c in v["cells"]),
+                ", ".join(_num(c["other_cpu_util"], 2) for c in v["cells"]),
+            ]
+            for name, v in chunk["rows"].items()
+        ]
+        header = ["subject", "events a client gets", "answers", "CPU µs per event"]
+        out += [*_table([*header, "subject CPU (cores)", "other load (cores)"], rows), ""]
+    held = s.get("open") or {}
+    if held:
+        out += [
+            f"## Scenario streams: streams held open at once (a token every "
+            f"{1 / held['sim']['tokens_per_sec']:g} s, held {held['hold_s']:g} s; tokengate with "
+            f"{', '.join(f'{k}={v}' for k, v in held['env'].items())})",
+            "",
+        ]
+        rows = [
+            [
+                name,
+                f"{v['held_open']} / {v['streams']}",
+                _num(v["seconds_to_open"], 1),
+                _num(v["rss_before_mib"]),
+                _num(v["rss_open_mib"]),
+                _num(v["kib_per_stream"]),
+                str(v["failures"]),
+            ]
+            for name, v in held["rows"].items()
+        ]
+        header = ["subject", "open", "s to open all", "RSS before MiB", "RSS open MiB"]
+        out += [*_table([*header, "KiB per stream", "failures"], rows), ""]
+    return out + [f"- error: {e}" for e in s.get("errors", [])] + [""]
+
+
 def _affinity(r: Results) -> list[str]:
     a = r.get("affinity")
     if not a:
@@ -343,10 +418,12 @@ def render(results: Results) -> str:
     targets = evaluate(results)
     parts = [
         _meta(results),
+        _hot_path(targets),
         _targets(targets),
         _static(results, "json", "Scenario static: non-streaming, static nginx upstream"),
         _static(results, "sse", "Scenario static: streaming (SSE), static nginx upstream"),
         _sim(results),
+        _streams(results),
         _quota(results),
         _throttle(results),
         _admission(results),

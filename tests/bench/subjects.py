@@ -83,8 +83,11 @@ def tokengate(
     cpus: str | None = None,
     redis_url: str | None = None,
     extra_env: dict[str, str] | None = None,
+    wrap: list[str] | None = None,
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
+
+    `wrap` runs it under another program (`valgrind --tool=callgrind ...`: see profile.py).
 
     `redis_url` shares limits through Redis (`TOKENGATE_REDIS_URL`) instead of
     in-process state; `extra_env` sets anything else (a domain's quota, say).
@@ -114,15 +117,39 @@ def tokengate(
     cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
     cmd += ["--workers", str(workers), "--config", str(ROOT / "config" / "config.toml")]
     cmd += ["--settings", str(settings)]
-    proc = group.start(name, pinned(cmd, cpus), env=env)
+    proc = group.start(name, pinned([*(wrap or ()), *cmd], cpus), env=env)
     url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health/ready", proc, timeout=60, ok=lambda r: r.status_code == 200)
+    timeout = 900 if wrap else 60
+    wait_http(f"{url}/health/ready", proc, timeout=timeout, ok=lambda r: r.status_code == 200)
     notes = [f"{workers} worker(s), log level {log_level}, auth + limits + queue + metrics on"]
     if redis_url:
         notes.append("limits in Redis")
     if extra_env:
         notes.append(" ".join(f"{k}={v}" for k, v in sorted(extra_env.items())))
     return Subject(name, url, bearer(GATEWAY_KEY), proc, notes, workdir / "gateway.log")
+
+
+def floor(
+    group: Group,
+    name: str,
+    app: str,
+    upstream: str,
+    *,
+    stream: bool,
+    cpus: str | None,
+    wrap: list[str] | None = None,
+) -> Subject:
+    """uvicorn as `tokengate serve` runs it, on one of `floor_app`'s bare apps (`canned`:
+    no upstream; `relay`: aiohttp to `upstream`): the libraries' own cost, nothing else."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", f"tests.bench.floor_app:{app}", "--port", str(port)]
+    cmd += ["--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
+    cmd += ["--no-server-header", "--no-proxy-headers"]
+    env = clean_env(FLOOR_UPSTREAM=upstream, FLOOR_CANNED="sse" if stream else "json")
+    proc = group.start(name, pinned([*(wrap or ()), *cmd], cpus), env=env)
+    wait_port(port, proc, timeout=900 if wrap else 10)
+    notes = [f"uvicorn (uvloop, httptools) on floor_app:{app}: no feature of tokengate"]
+    return Subject(name, f"http://127.0.0.1:{port}", bearer(GATEWAY_KEY), proc, notes)
 
 
 def nginx_proxy(group: Group, name: str, prefix: Path, upstream: str, cpus: str | None) -> Subject:

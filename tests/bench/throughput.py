@@ -20,6 +20,7 @@ from tests.bench.rss import Sampler
 from tests.bench.subjects import Subject
 
 INFO_LEVELS = (1, 64)  # the extra info-logging row: enough to see the access-log cost
+FLOOR_LEVELS = (1, 64)  # the libraries alone (floor_app.py): what no feature costs
 LITELLM_LEVELS = (1, 16, 64)  # at 256 its first answers take longer than a cell
 REDIS_LEVELS = (1, 64, 256)  # the shared-limits row: one round trip per admission
 
@@ -96,6 +97,10 @@ def _starters(
             group, f"tg2-{mode}", work / "tg2", upstream, workers=2
         ),
     }
+    for app in ("canned", "relay"):
+        out[f"floor-{app}"] = lambda app=app: subjects.floor(  # type: ignore[misc]
+            group, f"floor-{app}-{mode}", app, upstream, stream=mode == "sse", cpus=cpus
+        )
     if mode == "json":
         out["tokengate-1w-info"] = lambda: subjects.tokengate(
             group, f"tg1i-{mode}", work / "tg1i", upstream, workers=1, log_level="info", cpus=cpus
@@ -135,6 +140,8 @@ def _start_all(phase: Phase, starters: dict[str, Starter], stream: bool) -> None
 def _levels_for(subject: Subject, plan: Plan) -> tuple[int, ...]:
     if subject.name == "tokengate-1w-info":
         return tuple(c for c in plan.levels if c in INFO_LEVELS)
+    if subject.name.startswith("floor-"):
+        return tuple(c for c in plan.levels if c in FLOOR_LEVELS)
     if subject.name == "litellm":
         return tuple(c for c in plan.levels if c in LITELLM_LEVELS)
     if subject.name == "tokengate-1w-redis":

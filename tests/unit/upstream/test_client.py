@@ -29,6 +29,9 @@ async def test_repeated_response_headers_are_all_kept(make: type[Transport]) -> 
             await within(resp.read())
             assert resp.headers["set-cookie"] == "a=1, b=2"
             assert resp.headers["x-multi"] == "one, two"
+            assert resp.headers.get("x-absent") is None and "x-absent" not in resp.headers
+            assert dict(resp.headers)["set-cookie"] == "a=1, b=2"
+            assert len(resp.headers) == len(dict(resp.headers))
         finally:
             await t.close()
 

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from tenacity import RetryCallState, Retrying
 
+from app.upstream import retry
 from app.upstream.attempt import AttemptFailed, Reason, parse_retry_after, status_failure
 from app.upstream.budget import RetryBudget
 from app.upstream.retry import RetrySpec, call_with_retries
@@ -184,6 +185,25 @@ async def test_concurrent_calls_keep_their_own_attempts() -> None:
 
     results = await asyncio.gather(*(one() for _ in range(20)))
     assert all(r == ("ok", [1, 2, 3]) for r in results)
+
+
+async def test_a_first_attempt_that_succeeds_never_asks_tenacity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Most requests succeed at once: their attempt runs without building tenacity's
+    controller, which only a failure needs."""
+    built: list[object] = []
+
+    class Counted(Retrying):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            built.append(self)
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(retry, "Retrying", Counted)
+    result, calls = await run([])
+    assert result == "ok" and calls == [1] and built == []
+    result, calls = await run([AttemptFailed(Reason.RESET, retryable=True)] * 2)
+    assert result == "ok" and calls == [1, 2, 3] and len(built) == 1
 
 
 async def test_a_cancelled_attempt_is_not_retried() -> None:

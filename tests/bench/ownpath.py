@@ -1,0 +1,192 @@
+"""The gateway's own cost per request: its ASGI app driven in-process, no sockets.
+
+    python -m tests.bench.ownpath [--mode json|sse] [--requests 20000] [--info]
+
+`make bench` measures the whole hop (uvicorn's HTTP parsing, aiohttp, the loop, the
+kernel); this takes them out. The app `tokengate serve` builds (the repo's
+config.toml, one gateway key, every default feature on: auth, per-key limits, queue,
+metrics, the status ring, the usage ledger in SQLite) is called with ASGI messages as
+uvicorn would send them, and its upstream is a transport that answers at once with the
+static upstream's bodies (`tests/bench/nginx.py`). What is left is the edge, the
+pipeline, admission, dispatch, accounting, metrics and logging: the code this project
+owns. Prints µs of CPU per request (best of `--rounds`); under
+`valgrind --tool=callgrind` the instruction count of two runs of different lengths gives
+instructions per request (see deploy/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from tests.bench import common, nginx, subjects
+from tests.bench.procs import ROOT
+
+_JSON = nginx.completion_body().encode()
+_SSE = nginx.stream_body().encode()
+
+
+class _Answer:
+    """An upstream answer that has fully arrived (what a fast upstream looks like)."""
+
+    complete = True
+
+    def __init__(self, stream: bool) -> None:
+        self.status = 200
+        ctype = "text/event-stream" if stream else "application/json"
+        self.headers: Mapping[str, str] = {"content-type": ctype}
+        self._body = _SSE if stream else _JSON
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def close(self) -> None:
+        return None
+
+
+class _Upstream:
+    def __init__(self, pause: bool) -> None:
+        self.pause = pause
+
+    async def request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, *, stream: bool
+    ) -> _Answer:
+        if self.pause:  # one turn of the loop, as a real answer takes: requests pile up
+            await asyncio.sleep(0)
+        return _Answer(stream)
+
+    async def close(self) -> None:
+        return None
+
+
+def _environ(work: Path, level: str) -> None:
+    key: dict[str, object] = {"alias": "bench", "key_sha256": subjects.sha256(subjects.GATEWAY_KEY)}
+    key |= {"requests_per_minute": subjects.HUGE_RPM, "tokens_per_minute": subjects.HUGE_TPM}
+    settings = subjects.write_settings(work / "settings.json", [key])
+    os.environ.update(
+        TAOTOKEN_API_KEY=subjects.UPSTREAM_KEY,
+        TOKENGATE_API_ENDPOINT="http://127.0.0.1:9/api",
+        TOKENGATE_LOGGING__OUTPUT=str(work / "gateway.log"),
+        TOKENGATE_LOGGING__LEVEL=level,
+        TOKENGATE_DATABASE__PATH=str(work / "tokengate.sqlite3"),
+        TOKENGATE_HEALTH_CHECK__ENABLED="false",
+        TOKENGATE_RATE_LIMIT__REQUESTS_PER_MINUTE=str(subjects.HUGE_RPM),
+        TOKENGATE_RATE_LIMIT__TOKENS_PER_MINUTE=str(subjects.HUGE_TPM),
+        TOKENGATE_CONFIG=str(ROOT / "config" / "config.toml"),
+        TOKENGATE_SETTINGS=str(settings),
+    )
+
+
+def _scope(body: bytes) -> dict[str, Any]:
+    headers = [
+        (k.lower().encode(), v.encode()) for k, v in subjects.bearer(subjects.GATEWAY_KEY).items()
+    ]
+    headers += [(b"host", b"127.0.0.1:8080"), (b"content-length", str(len(body)).encode())]
+    headers += [(b"user-agent", b"wrk"), (b"accept", b"*/*")]
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8080),
+        "client": ("127.0.0.1", 50000),
+        "scheme": "http",
+        "method": "POST",
+        "root_path": "",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "headers": headers,
+        "state": {},
+    }
+
+
+async def _run(stream: bool, requests: int, rounds: int, concurrency: int) -> float:
+    from app.bootstrap import load_runtime, setup_process
+    from app.main import create_app
+    from app.signals import tune_gc
+    from tests.support.inproc import Lifespan
+
+    runtime = load_runtime()
+    setup_process(runtime)
+    upstream = _Upstream(pause=concurrency > 1)
+    app = create_app(runtime, transport_factory=lambda spec: upstream)
+    body = common.chat_body(stream).encode()
+    forever = asyncio.get_running_loop().create_future()
+    statuses: dict[int, int] = {}
+
+    async def one() -> None:
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await forever  # as a server does: nothing more until the client leaves
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses[message["status"]] = statuses.get(message["status"], 0) + 1
+
+        await app(_scope(body), receive, send)
+
+    async def client(n: int) -> None:
+        for _ in range(n):
+            await one()
+
+    async def load(n: int) -> None:
+        await asyncio.gather(*(client(n // concurrency) for _ in range(concurrency)))
+
+    best = float("inf")
+    async with Lifespan(app):
+        tune_gc()  # as a serving process does after start-up (app.main's lifespan)
+        await load(max(200, concurrency))  # warm-up: caches, label children, ledger rows
+        for _ in range(rounds):
+            started = time.process_time()
+            await load(requests)
+            best = min(best, (time.process_time() - started) / requests * 1e6)
+    if set(statuses) != {200}:
+        raise RuntimeError(f"answers by status: {statuses}")
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.bench.ownpath", description=__doc__)
+    p.add_argument("--mode", choices=("json", "sse"), default="json")
+    p.add_argument("--requests", type=int, default=int(os.environ.get("N", "20000")))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--info", action="store_true", help="log level info (the access line on)")
+    p.add_argument(
+        "-c",
+        "--concurrency",
+        type=int,
+        default=1,
+        help="requests at once (above 1 each answer takes a turn of the loop, so past the "
+        "domain's max_inflight they queue)",
+    )
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tokengate-ownpath-") as tmp:
+        _environ(Path(tmp), "info" if args.info else "warning")
+        us = uvloop.run(_run(args.mode == "sse", args.requests, args.rounds, args.concurrency))
+    print(
+        f"{args.mode} c={args.concurrency}: {us:.1f} µs of CPU per request in the gateway's "
+        "own code"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
