@@ -314,6 +314,7 @@ class Pipeline:
             reply = await self._send(call, domain, body, span)
         except AttemptFailed as failure:
             self._record_attempt(domain, trace, n, model, failure.reason, t0, span, failure.status)
+            trace.unanswered += failure.ambiguous
             if failure.reason in _NOT_A_VERDICT:
                 domain.breaker.release_probe()  # says nothing of the upstream's health
                 if failure.reason is Reason.INSUFFICIENT_QUOTA:
@@ -486,6 +487,9 @@ class Pipeline:
         """Settle, count and log; exactly once per admitted request."""
         if lease is not None:
             lease.release()
+        if trace.unanswered:  # each may have been billed its prompt (see `Trace.unanswered`)
+            failed = (failed[0] + trace.unanswered * call.prompt_tokens, failed[1])
+            trace.estimated = True
         self.holds.learn(call, trace, status)
         if trace.cached_tokens or trace.cache_write_tokens:
             self.metrics.record_prompt_cache(

@@ -48,6 +48,9 @@ class Trace:
     cached_tokens: int = 0  # of prompt_tokens, read from the upstream's prompt cache
     cache_write_tokens: int = 0  # of prompt_tokens, written to it
     estimated: bool = False
+    # attempts written to the upstream that got no answer (`AttemptFailed.ambiguous`): it
+    # may have read the prompt and billed it, so each is charged the prompt estimate
+    unanswered: int = 0
     fallback: bool = False
     attempts: list[Attempt] = field(default_factory=list)
     span: RequestSpan | None = None  # only while tracing is on (`app.tracing`)

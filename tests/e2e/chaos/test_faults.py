@@ -193,6 +193,8 @@ async def test_connection_resets_are_never_re_sent(sim: Sim, make_gateway: Make)
     totals = assert_ledger_matches(gw, tally)
     failed = tally.statuses.get(502, 0) + tally.statuses.get("stream_error", 0)
     assert (totals["requests"], totals["errors"]) == (60, failed)
+    # what the upstream read and never answered is on the books at its prompt estimate
+    assert totals["failed_prompt_tokens"] >= failed > 0
     assert sim.stats()["inflight"] == 0
     assert (await burst(gw, mixed(3))).statuses == {200: 3}
     print(f"resets: {tally.statuses}; ledger {totals}")

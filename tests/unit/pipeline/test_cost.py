@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.db.usage import UsageQuery
-from app.errors import BudgetExceeded
+from app.errors import BudgetExceeded, UpstreamFailed
 from app.gateway import Gateway
 from app.limits.estimate import chat_prompt_tokens
 from app.pipeline.answer import JsonAnswer, StreamAnswer
@@ -139,6 +139,40 @@ async def test_a_client_gone_while_the_upstream_had_its_request_is_charged_the_p
         chat_prompt_tokens(MESSAGES),
         0,
     )
+
+
+async def test_a_request_the_upstream_read_but_never_answered_is_charged_its_prompt_once(
+    make: Make,
+) -> None:
+    """A reset after the request was written: the upstream may have billed the prompt, so
+    the ledger keeps the prompt estimate as failed and estimated."""
+    sent = 0
+
+    def reset(request: httpx.Request) -> httpx.Response:
+        nonlocal sent
+        sent += 1
+        raise httpx.ReadError("connection reset by peer")
+
+    gw = make(reset)
+    with pytest.raises(UpstreamFailed):
+        await ask(gw)
+    assert sent == 1  # never re-sent (retry_unanswered is off)
+    (row,) = await by_status(gw)
+    assert (row["status"], row["estimated_requests"]) == (502, 1)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (0, 0)
+    assert row["failed_prompt_tokens"] == chat_prompt_tokens(MESSAGES)
+    assert row["cost_nanos"] == row["failed_prompt_tokens"] * 2 * 1000
+
+
+async def test_a_request_that_never_left_the_gateway_is_charged_nothing(make: Make) -> None:
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    gw = make(refused)
+    with pytest.raises(UpstreamFailed):
+        await ask(gw)
+    (row,) = await by_status(gw)
+    assert (row["estimated_requests"], row["failed_prompt_tokens"], row["cost_nanos"]) == (0, 0, 0)
 
 
 async def test_over_budget_no_upstream_call_and_the_rate_limit_is_given_back(make: Make) -> None:
