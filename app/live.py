@@ -103,11 +103,18 @@ class LiveControls:
         log.warning("limits of key %s set live to %s", key.alias, limits)
         return limits
 
-    async def clear_key_limits(self, key: KeySpec) -> Limits | None:
-        """Drop a live per-key limit: the key's limits are the files' again, on every
-        replica. Returns the override that was cleared (None: there was none)."""
+    async def clear_key_limits(self, key: KeySpec) -> bool:
+        """Drop a key's live limits (rates and `max_concurrent`): they are the files'
+        again, on every replica. Returns whether there was anything to clear."""
         cleared = self.admission.overrides.pop(key.alias, None)
         await self.overrides.delete(key.alias)
+        cap = await self.gate.clear_cap(key.alias)
+        if cap is not None:
+            log.warning(
+                "live max_concurrent of key %s cleared: back to the files' (%s)",
+                key.alias,
+                key.max_concurrent,
+            )
         if cleared is not None:
             log.warning(
                 "live limits of key %s cleared: back to the files' (%d requests/min, "
@@ -116,7 +123,7 @@ class LiveControls:
                 key.requests_per_minute,
                 key.tokens_per_minute,
             )
-        return cleared
+        return cleared is not None or cap is not None
 
     def shadowing(self, keys: dict[str, KeySpec]) -> list[str]:
         """The live limits that hide what the files say for a key: a reload changes the

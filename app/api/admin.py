@@ -196,7 +196,8 @@ async def clear_limits(alias: str, gateway: AdminDep) -> dict[str, object]:
         raise _database_down() from None
     return {
         "alias": alias,
-        "cleared": cleared is not None,
+        "cleared": cleared,
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
+        "max_concurrent": key.max_concurrent,
     }

@@ -47,7 +47,9 @@ class KeySlots(Protocol):
 
     async def save_cap(self, key: str, cap: int) -> None: ...
 
-    async def load_caps(self) -> dict[str, int]: ...
+    async def drop_cap(self, key: str) -> None: ...
+
+    async def load_caps(self) -> dict[str, int] | None: ...
 
 
 class LocalSlots:
@@ -84,7 +86,10 @@ class LocalSlots:
     async def save_cap(self, key: str, cap: int) -> None:
         """Nothing to share: the gate's own overrides are the only copy."""
 
-    async def load_caps(self) -> dict[str, int]:
+    async def drop_cap(self, key: str) -> None:
+        """Nothing shared to drop."""
+
+    async def load_caps(self) -> dict[str, int] | None:
         return {}
 
 
@@ -127,10 +132,16 @@ class SharedSlots:
     async def save_cap(self, key: str, cap: int) -> None:
         await self.scripts.lease(f"{self.prefix}concurrency", ["setcap", key, cap])
 
-    async def load_caps(self) -> dict[str, int]:
-        """Live caps set on any replica; {} while Redis is unreachable."""
+    async def drop_cap(self, key: str) -> None:
+        await self.scripts.lease(f"{self.prefix}concurrency", ["dropcap", key])
+
+    async def load_caps(self) -> dict[str, int] | None:
+        """Live caps set on any replica; None while Redis is unreachable (keep the ones
+        known: an outage clears nothing)."""
         raw = await self.scripts.lease(f"{self.prefix}concurrency", ["caps"])
-        pairs = list(raw or [])
+        if raw is None:
+            return None
+        pairs = list(raw)
         return {str(k): int(v) for k, v in zip(pairs[::2], pairs[1::2], strict=True)}
 
 
@@ -261,10 +272,19 @@ class ConcurrencyGate:
         self.overrides[key] = cap
         await self.slots.save_cap(key, cap)
 
+    async def clear_cap(self, key: str) -> int | None:
+        """Drop a live cap (the files' `max_concurrent` again), on every replica when
+        the slots are shared; returns the cap that was cleared."""
+        cleared = self.overrides.pop(key, None)
+        await self.slots.drop_cap(key)
+        return cleared
+
     async def housekeeping(self) -> None:
         """Once a second: keep this process's shared leases alive, learn live caps."""
         if not self.slots.shared:
             return
         if self.held:
             await self.slots.renew({k: list(v) for k, v in self.held.items()})
-        self.overrides.update(await self.slots.load_caps())
+        caps = await self.slots.load_caps()
+        if caps is not None:  # the whole table: a cap cleared on another replica goes too
+            self.overrides = caps

@@ -8,12 +8,15 @@
 -- release: KEYS = {leases}  ARGV = {"release", lease_id}              -> 1
 -- Live caps set through the admin API, one hash for every key:
 -- setcap:  KEYS = {caps}    ARGV = {"setcap", key, cap}                -> 1
+-- dropcap: KEYS = {caps}    ARGV = {"dropcap", key}                    -> 1 dropped | 0
 -- caps:    KEYS = {caps}    ARGV = {"caps"}                            -> {key, cap, ...}
 local key, op = KEYS[1], ARGV[1]
 
 if op == 'setcap' then
   redis.call('HSET', key, ARGV[2], ARGV[3])
   return 1
+elseif op == 'dropcap' then
+  return redis.call('HDEL', key, ARGV[2])
 elseif op == 'caps' then
   return redis.call('HGETALL', key)
 end

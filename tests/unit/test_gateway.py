@@ -87,9 +87,9 @@ async def test_an_override_that_shadows_the_files_is_listed_until_cleared(
     ]
     key = gateway.keys.by_alias["alice"]
     assert gateway.admission.limits_for(key) == Limits(5, 120000)  # the override still wins
-    assert await gateway.live.clear_key_limits(key) == Limits(5, 120000)
+    assert await gateway.live.clear_key_limits(key) is True
     assert gateway.admission.limits_for(key) == Limits(300, 120000)
-    assert await gateway.live.clear_key_limits(key) is None
+    assert await gateway.live.clear_key_limits(key) is False
     assert not [n for n in gateway.reload(runtime(tmp_path, {"keys": [edited]})) if "shadow" in n]
 
 

@@ -85,6 +85,7 @@ async def test_deleting_live_limits_returns_the_key_to_the_files(make_client: Ma
         "cleared": True,
         "requests_per_minute": 600,
         "tokens_per_minute": 120000,
+        "max_concurrent": None,
     }
     status = (await client.get("/admin/status", headers=ADMIN)).json()
     (key,) = status["limits"]["keys"]
@@ -94,6 +95,20 @@ async def test_deleting_live_limits_returns_the_key_to_the_files(make_client: Ma
     unknown = await client.delete("/admin/keys/bob/limits", headers=ADMIN)
     assert unknown.status_code == 404
     assert (await client.delete("/admin/keys/alice/limits")).status_code == 401
+
+
+async def test_deleting_live_limits_also_ends_a_live_max_concurrent(
+    make_client: MakeClient,
+) -> None:
+    client = await make_client({"admin_key": ADMIN_KEY, "keys": [ALICE]})
+    put = await client.put("/admin/keys/alice/limits", headers=ADMIN, json={"max_concurrent": 2})
+    assert put.json()["max_concurrent"] == 2
+    (key,) = (await client.get("/admin/status", headers=ADMIN)).json()["limits"]["keys"]
+    assert key["max_concurrent"] == 2
+    r = await client.delete("/admin/keys/alice/limits", headers=ADMIN)
+    assert r.json()["cleared"] is True and r.json()["max_concurrent"] is None
+    (key,) = (await client.get("/admin/status", headers=ADMIN)).json()["limits"]["keys"]
+    assert key["max_concurrent"] is None
 
 
 async def test_a_live_limit_set_on_one_worker_is_enforced_by_another_within_a_second(

@@ -69,6 +69,8 @@ async def test_live_caps_are_shared(pair: tuple[RedisStore, RedisStore, Redis]) 
     await a.save_cap("alice", 3)
     await a.save_cap("bob", 1)
     assert await b.load_caps() == {"alice": 3, "bob": 1}
+    await b.drop_cap("alice")  # cleared on one replica, gone for the other
+    assert await a.load_caps() == {"bob": 1}
 
 
 async def test_without_redis_each_replica_counts_its_own(
@@ -81,4 +83,4 @@ async def test_without_redis_each_replica_counts_its_own(
     assert not await slots.take("k", 1, "l2")
     await slots.give_back("k", "l1")  # released locally, without Redis
     assert await slots.take("k", 1, "l2")
-    assert await slots.load_caps() == {}
+    assert await slots.load_caps() is None  # unknown, not "none": the caps known stay
