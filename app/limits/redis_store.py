@@ -510,15 +510,15 @@ class RedisStore:
             self._kick()
         self._publish()
 
-    async def housekeeping(self) -> dict[str, Limits]:
+    async def housekeeping(self) -> None:
         """Once a second: the heartbeat (the live replica count; while down, the probe
         that ends the outage), in the group commit's next round trip. Live per-key limits
-        are the database's now (`app/db/overrides.py`): none come from here."""
+        are the database's (`app/db/overrides.py`), not a store's."""
         if self.misconfigured is not None:
-            return {}
+            return
         if not self.up:
             await self._heartbeat_now()
-            return {}
+            return
         beat: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._ops.append((self._heartbeat_call("beat"), beat))
         self._kick()
@@ -528,25 +528,6 @@ class RedisStore:
             pass
         except Exception as exc:  # an answer that makes no sense: a failure like any
             self._failed(exc)
-        return {}
-
-    async def save_override(self, key: str, limits: Limits) -> None:
-        value = f"{limits.requests_per_minute},{limits.tokens_per_minute}"
-        try:
-            await self.link.hset(f"{self.prefix}limits", key, value)
-        except Exception as exc:
-            self._failed(exc)
-
-    async def load_overrides(self) -> dict[str, Limits]:
-        """Live limits once kept in Redis (before they moved to the database)."""
-        if not self.usable:
-            return {}
-        try:
-            (raw,) = await self.link.run([Call(None, (), ("HGETALL", f"{self.prefix}limits"))])
-        except Exception as exc:
-            self._failed(exc)
-            return {}
-        return {} if isinstance(raw, Exception) else _overrides(raw)
 
     # -- small shared values (the Responses API's response id -> domain map) --------------------
     async def _command(self, *args: Any) -> Any:
@@ -623,14 +604,6 @@ def _pairs(raw: Any) -> list[tuple[Any, Any]]:
     if items and isinstance(items[0], list | tuple):
         return [(a, b) for a, b in items]
     return list(zip(items[::2], items[1::2], strict=True))
-
-
-def _overrides(raw: Any) -> dict[str, Limits]:
-    out = {}
-    for key, value in dict(raw).items():
-        rpm, _, tpm = str(value).partition(",")
-        out[str(key)] = Limits(int(rpm), int(tpm))
-    return out
 
 
 def _decision(raw: list[int], limits: Limits) -> Decision:

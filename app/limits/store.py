@@ -12,7 +12,7 @@ The usage ledger is not a store's business: it is durable in SQL whatever the st
 What differs between a store of one process and one shared by every replica is behind
 the interface too, so the gateway never asks which store it holds: `shared`, the
 once-a-second `housekeeping`, the store's part of `/health/ready` (`health`,
-`refusing`) and where a live per-key limit is kept (`save_override`).
+`refusing`) and where keys' `max_concurrent` slots are counted (`key_slots`).
 """
 
 from __future__ import annotations
@@ -53,9 +53,8 @@ class LimitStore(Protocol):
         """The pacer of a domain's upstream quota, kept where this store keeps limits."""
         ...
 
-    async def housekeeping(self) -> dict[str, Limits]:
-        """The gateway's once-a-second upkeep; returns the live per-key limits set on
-        other replicas since (empty when there are none to learn)."""
+    async def housekeeping(self) -> None:
+        """The gateway's once-a-second upkeep (a shared store's heartbeat)."""
         ...
 
     def health(self) -> dict[str, object]:
@@ -64,10 +63,6 @@ class LimitStore(Protocol):
 
     def refusing(self) -> bool:
         """True while every admission is refused (readiness then fails)."""
-        ...
-
-    async def save_override(self, key: str, limits: Limits) -> None:
-        """Keep a live per-key limit where the other replicas will find it."""
         ...
 
     def key_slots(self) -> KeySlots:
@@ -159,17 +154,14 @@ class MemoryStore:
     def pacer(self, domain: str, state: PaceState) -> Pacer:
         return LocalPacer(state)
 
-    async def housekeeping(self) -> dict[str, Limits]:
-        return {}
+    async def housekeeping(self) -> None:
+        """Nothing to keep up in-process."""
 
     def health(self) -> dict[str, object]:
         return {}
 
     def refusing(self) -> bool:
         return False
-
-    async def save_override(self, key: str, limits: Limits) -> None:
-        """Nothing to share: the admission's own overrides are the only copy."""
 
     def key_slots(self) -> KeySlots:
         return LocalSlots()
