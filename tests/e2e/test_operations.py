@@ -174,10 +174,17 @@ async def test_sighup_reload_picks_up_keys_without_dropping_requests(
     new_key = _add_key(gw, "bob")
     gw.proc.send_signal(signal.SIGHUP)
     new = {"authorization": f"Bearer {new_key}", "connection": "close"}
+
+    def accepted() -> bool:
+        # A fresh connection that a retiring worker accepted and closed unread is a
+        # client's retry (the SDK load below counts those); here it is just "not yet".
+        try:
+            return chat(gw, new).status_code == 200
+        except httpx.TransportError:
+            return False
+
     # every worker has the new key once 10 fresh connections in a row accept it
-    await asyncio.to_thread(
-        _wait_for, lambda: all(chat(gw, new).status_code == 200 for _ in range(10)), 90
-    )
+    await asyncio.to_thread(_wait_for, lambda: all(accepted() for _ in range(10)), 90)
     stop.set()
     outcomes = await load
     assert len(outcomes) > 10 and set(outcomes) == {"ok"}  # no request failed meanwhile
@@ -208,22 +215,31 @@ async def test_two_workers_metrics_sum_both(sim: Sim, make_gateway: Make) -> Non
         return {x.get("pid") for x in gw.log_lines() if "per-key limits" in x.get("msg", "")}
 
     await asyncio.to_thread(_wait_for, lambda: len(started()) == 2)  # both workers serve
+
+    def served_by() -> set[object]:
+        return {x.get("pid") for x in gw.log_lines() if x.get("logger") == "tokengate.access"}
+
     limits = httpx.Limits(max_keepalive_connections=0)  # a new connection per request
+    sent = 0
     async with httpx.AsyncClient(timeout=30, limits=limits) as c:
-        for _ in range(5):  # concurrent connections spread over both workers' accept loops
+        # Concurrent connections spread over both workers' accept loops; on a loaded
+        # machine one worker may take a whole round, so rounds go on until both served.
+        for _ in range(40):
             await asyncio.gather(
                 *(
                     c.post(f"{gw.url}/v1/chat/completions", json=BODY, headers=gw.headers())
                     for _ in range(8)
                 )
             )
-    pids = {line.get("pid") for line in gw.log_lines() if line.get("logger") == "tokengate.access"}
+            sent += 8
+            if sent >= 40 and len(served_by()) == 2:
+                break
+    assert len(served_by()) == 2, "both workers should have served requests"
     scrapes = [
         _requests_total(httpx.get(f"{gw.url}/metrics", headers={"connection": "close"}).text)
         for _ in range(6)
     ]
-    assert scrapes == [40.0] * 6, scrapes  # whichever worker answers the scrape sums both
-    assert len(pids) == 2, "both workers should have served requests"
+    assert scrapes == [float(sent)] * 6, scrapes  # whichever worker answers sums both
     starts = [x["msg"] for x in gw.log_lines() if "per-key limits" in x.get("msg", "")]
     assert starts and all("split per worker" in m for m in starts)
 
