@@ -64,8 +64,9 @@ claude-code: ## install Claude Code (npm, pinned) for its e2e test; Node/npm fro
 	  npm install --prefix $(CLAUDE_CODE_DIR) --no-audit --no-fund --loglevel=error \
 	    @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
 
-bench-deps: system-deps ## also install nginx and wrk (Debian packages) when missing
-	$(call apt,nginx:nginx wrk:wrk)
+bench-deps: system-deps ## also install nginx, wrk and valgrind (Debian) and py-spy (pip) when missing
+	$(call apt,nginx:nginx wrk:wrk valgrind:valgrind)
+	@test -x $(BIN)/py-spy || $(BIN)/python -m pip install -q py-spy  # tests.bench.profile
 
 PORT ?= 8080
 SIM_PORT ?= 9090
