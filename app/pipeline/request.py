@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import orjson
@@ -80,11 +79,6 @@ class ClientRequest:
     priority: QueueClass | None = None  # overrides the key's class (batch items: BATCH)
     session_header: str | None = None  # x-session-id (or Claude Code's own) if sent
 
-    @cached_property
-    def session(self) -> bytes:
-        """The conversation this request belongs to (session.py), read on first use."""
-        return session_key(self.body, self.session_header)
-
     # Responses API: the only domain that can serve it (it holds `previous_response_id`),
     # and who to tell the id of the response the answer created (id, serving domain).
     home: str | None = None
@@ -95,6 +89,15 @@ class ClientRequest:
     # pipeline took the request (then it writes the request's access-log line itself).
     trace_context: Mapping[str, str] | None = None
     in_pipeline: bool = False
+    _session: bytes | None = None
+
+    @property
+    def session(self) -> bytes:
+        """The conversation this request belongs to (session.py), read on first use (a
+        slotted record has no `__dict__` for `functools.cached_property`)."""
+        if self._session is None:
+            self._session = session_key(self.body, self.session_header)
+        return self._session
 
     @property
     def queue_class(self) -> QueueClass:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from app.pipeline.request import CHAT
 from app.pipeline.session import session_key
+from app.pipeline.wire import parse_call
+from app.runtime import KeySpec
 
 
 def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -78,3 +82,12 @@ def test_hostile_nesting_is_digested_not_crashed_on() -> None:
     for _ in range(5000):
         deep = [deep]
     assert session_key(chat({"role": "user", "content": deep}), None).startswith(b"prefix:")
+
+
+def test_a_parsed_request_knows_its_session_and_reads_it_once() -> None:
+    """What the dispatcher asks of every request when affinity is on (a slotted record)."""
+    raw = json.dumps(chat(SYS, Q1, user="u")).encode()
+    call = parse_call(CHAT, raw, KeySpec("k", ("0" * 64,), 1000, 10), "req_s", {}, 0.0)
+    assert call.session == b"user:u"
+    call.body["user"] = "changed"  # read on first use, then kept
+    assert call.session == b"user:u"
