@@ -226,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     env = _environment(args.sim_port, upstream_key, key, _fresh_database(args.port))
     sim, gateway = _start(args.port, args.sim_port, env, upstream_key)
     base = f"http://{HOST}:{args.port}"
+    # Ctrl-C and SIGTERM both stop the demo and its two processes. Set explicitly: a shell
+    # that starts a command in the background hands it SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler of its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         _wait(f"http://{HOST}:{args.sim_port}/_sim/stats", sim, VAR / "demo-sim.log")
         _wait(f"{base}/health/ready", gateway, VAR / "demo-serve.log")
@@ -234,7 +239,6 @@ def main(argv: list[str] | None = None) -> int:
             return _smoke(base, key)
         print((VAR / "demo-serve.log").read_text().rstrip(), flush=True)  # serve's banner
         print(_text(base, args.sim_port, key), flush=True)
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
         while gateway.poll() is None and sim.poll() is None:
             time.sleep(0.5)
         return 1  # one of them died on its own
