@@ -1,15 +1,15 @@
 """The floor under tokengate: the same server and client libraries with nothing of its own.
 
 Two ASGI apps for `uvicorn` (uvloop, httptools, no access log, as `tokengate serve`
-runs it), measured by `floor.py` beside tokengate and nginx:
+runs it), measured as the `floor-*` subjects beside tokengate and nginx:
 
 - `canned`: answers every request with the static upstream's chat completion (or, with
   `FLOOR_CANNED=sse`, its stream, in one piece), without an upstream: what uvicorn alone
   costs a request;
 - `relay`: reads the body and sends it to `FLOOR_UPSTREAM` with one aiohttp session
-  (keep-alive, no cookie jar), then relays the status, content type and body, streaming
-  or not: what uvicorn plus aiohttp cost, with no auth, limits, queue, accounting,
-  metrics or logging.
+  (keep-alive, no cookie jar) and the client's `Authorization`, then relays the status,
+  content type and body, streaming or not: what uvicorn plus aiohttp cost, with no
+  auth, limits, queue, accounting, metrics or logging.
 
 Neither is a usable proxy (no error handling, no header hygiene); they bound from below
 what any gateway built on these libraries can reach.
@@ -62,7 +62,9 @@ class _Relay:
             message = await receive()
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
-        headers = {"content-type": "application/json", "authorization": "Bearer sk-floor"}
+        # The client's credential goes through as it came (as nginx-proxy passes it).
+        auth = next((v for k, v in scope["headers"] if k == b"authorization"), b"Bearer sk-floor")
+        headers = {"content-type": "application/json", "authorization": auth.decode()}
         url = self.upstream + scope["path"]
         async with self.session.post(url, data=b"".join(chunks), headers=headers) as resp:
             ctype = resp.headers.get("content-type", "application/json").encode()

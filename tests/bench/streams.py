@@ -2,7 +2,8 @@
 
 1. **CPU per SSE chunk.** `tokengate sim` streams `CHUNK_TOKENS` tokens per answer, one
    event every millisecond (each arrives on its own, as a model's tokens do), to wrk at
-   c = `CHUNK_CONCURRENCY` through nginx-proxy and tokengate-1w; cells interleaved for
+   c = `CHUNK_CONCURRENCY` through nginx-proxy, floor-relay (uvicorn + aiohttp relaying,
+   nothing of tokengate: the floor of this stack) and tokengate-1w; cells interleaved for
    `CHUNK_ROUNDS` rounds. CPU per chunk = the subject's CPU over the cells / (answers x
    the events a client receives per answer). With that many events per answer the
    per-request cost is spread thin (tokengate's ~300 µs over 258 events is ~1 µs of each
@@ -82,6 +83,10 @@ def _start(
         s = subjects.nginx_proxy(
             group, f"nginx-{tmp.name}", tmp / "nginx", sim.url, plan.subject_cpus
         )
+    elif name == "floor-relay":
+        s = subjects.floor(
+            group, f"floor-{tmp.name}", "relay", sim.url, stream=True, cpus=plan.subject_cpus
+        )
     else:
         s = subjects.tokengate(
             group,
@@ -106,7 +111,7 @@ def per_chunk(group: Group, tmp: Path, plan: Plan, out: StreamsResult) -> None:
     work = tmp / "chunks"
     started: list[Subject] = []
     try:
-        for name in ("nginx-proxy", "tokengate-1w"):
+        for name in ("nginx-proxy", "floor-relay", "tokengate-1w"):
             try:
                 started.append(_start(group, work, sim, plan, name, None))
             except Exception as exc:  # recorded; the other subject still runs

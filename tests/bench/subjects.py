@@ -149,7 +149,8 @@ def floor(
     proc = group.start(name, pinned([*(wrap or ()), *cmd], cpus), env=env)
     wait_port(port, proc, timeout=900 if wrap else 10)
     notes = [f"uvicorn (uvloop, httptools) on floor_app:{app}: no feature of tokengate"]
-    return Subject(name, f"http://127.0.0.1:{port}", bearer(GATEWAY_KEY), proc, notes)
+    # The upstream's key, which `relay` passes through as nginx-proxy does (`canned` reads none).
+    return Subject(name, f"http://127.0.0.1:{port}", bearer(UPSTREAM_KEY), proc, notes)
 
 
 def nginx_proxy(group: Group, name: str, prefix: Path, upstream: str, cpus: str | None) -> Subject:
