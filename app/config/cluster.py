@@ -67,7 +67,9 @@ class TokenSchedulerConfig(Section):
         1024, ge=1, description="Queued requests per domain; past it new requests get 503."
     )
     max_queue_wait_ms: PositiveInt = Field(
-        30000, description="A request queued longer than this gets 503 with Retry-After."
+        30000,
+        description="A request queued longer than this gets 503 with Retry-After (its key's "
+        "`max_concurrent` line and a domain's queue count together).",
     )
     max_inflight: int = Field(
         64,

@@ -178,7 +178,13 @@ class Dispatcher:
             await self._idle.wait()
 
     # -- requests' side -----------------------------------------------------------------
-    async def acquire(self, key: str, priority: QueueClass, cost: int) -> Slot:
+    async def acquire(
+        self, key: str, priority: QueueClass, cost: int, waited: float = 0.0
+    ) -> Slot:
+        """A slot at once if one is free and nobody waits, else a place in the queue.
+        `waited`: seconds the request already spent in another line (its key's
+        `max_concurrent`, an earlier domain's queue); `max_queue_wait_ms` bounds all its
+        waiting together, not each line on its own."""
         batch = priority is QueueClass.BATCH
         paced = self.pacer.bounded()
         if self._free_for(batch) and (not paced or self.pacer.ready(cost)):
@@ -198,7 +204,7 @@ class Dispatcher:
             self.metrics.record_group(self.domain, 1)
             self.metrics.record_queue_wait(self.domain, 0.0)
             return slot
-        return await self._wait_in_queue(Job(key, priority, cost, self.clock()))
+        return await self._wait_in_queue(Job(key, priority, cost, self.clock()), waited=waited)
 
     async def requeue(self, slot: Slot) -> Slot:
         """The upstream said 429: give the slot back and wait, at the head of the class,
@@ -233,7 +239,7 @@ class Dispatcher:
             return False
         return not batch or self.batch_inflight < self.batch_cap
 
-    async def _wait_in_queue(self, job: Job, front: bool = False) -> Slot:
+    async def _wait_in_queue(self, job: Job, front: bool = False, waited: float = 0.0) -> Slot:
         if front:
             self.queue.push_front(job)
         elif not self.queue.push(job, slack=self.max_inflight - self.inflight):
@@ -249,7 +255,7 @@ class Dispatcher:
         # A timer that fails the job's own future, not `asyncio.wait_for` (which wraps the
         # wait in another future per request): a grant and an expiry can not both happen.
         pushed = self.clock()
-        left = job.enqueued_at + self.max_wait - pushed
+        left = job.enqueued_at + self.max_wait - waited - pushed
         timer = job.granted.get_loop().call_later(max(0.0, left), job.expire)
         try:
             await job.granted

@@ -255,7 +255,10 @@ class Pipeline:
         trace.domain = domain.name  # the domain that answers, or the last one that refused
         queued = self.clock()
         wait = domain.dispatcher.acquire(
-            call.key.alias, call.queue_class, call.cost(self.default_max_tokens)
+            call.key.alias,
+            call.queue_class,
+            call.cost(self.default_max_tokens),
+            trace.queue_ms / 1000,  # the key's line, earlier domains' queues: one budget
         )
         slot = await (wait if trace.span is None else _traced(trace.span, domain, wait))
         trace.queue_ms += (self.clock() - queued) * 1000

@@ -129,6 +129,22 @@ async def test_queue_wait_expiry_is_503() -> None:
     await d.stop()
 
 
+async def test_time_already_waited_in_another_line_counts_against_max_queue_wait() -> None:
+    """A request that spent its whole `max_queue_wait_ms` in its key's `max_concurrent`
+    line gets no second budget in the domain's queue."""
+    d, _ = make(max_inflight=1, max_queue_wait_ms=10_000)
+    held = await d.acquire("k", QueueClass.NORMAL, 1)
+    with pytest.raises(ServiceUnavailable) as err:
+        await d.acquire("k", QueueClass.NORMAL, 1, waited=10.0)
+    assert err.value.code == "queue_timeout"
+    fresh = asyncio.ensure_future(d.acquire("k", QueueClass.NORMAL, 1, waited=9.0))
+    await asyncio.sleep(0.05)
+    assert not fresh.done()  # a second of the budget is left: still waiting
+    held.release()
+    (await fresh).release()
+    await d.stop()
+
+
 async def test_cancelled_waiter_leaves_the_queue_and_is_never_granted() -> None:
     d, _ = make(max_inflight=1)
     held = await d.acquire("k", QueueClass.NORMAL, 1)
