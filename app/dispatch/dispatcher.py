@@ -178,9 +178,7 @@ class Dispatcher:
             await self._idle.wait()
 
     # -- requests' side -----------------------------------------------------------------
-    async def acquire(
-        self, key: str, priority: QueueClass, cost: int, waited: float = 0.0
-    ) -> Slot:
+    async def acquire(self, key: str, priority: QueueClass, cost: int, waited: float = 0.0) -> Slot:
         """A slot at once if one is free and nobody waits, else a place in the queue.
         `waited`: seconds the request already spent in another line (its key's
         `max_concurrent`, an earlier domain's queue); `max_queue_wait_ms` bounds all its
