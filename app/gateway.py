@@ -229,6 +229,10 @@ class Gateway:
     async def start(self) -> None:
         await self.store.start()
         await migrate.prepare(self.db)  # `serve` checked it already; in-process callers too
+        try:  # rows an earlier shutdown could not write (ledger.spill_dir)
+            await self.ledger.recover()
+        except Exception as exc:
+            log.error("ledger spill files not recovered (kept for the next start): %r", exc)
         await self.live.load()
         await self.live.refresh_spend()  # a spent budget stays spent across restarts
         self._describe_limits()

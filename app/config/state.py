@@ -175,6 +175,12 @@ class LedgerConfig(Section):
         ge=0,
         description="Hour buckets older than this are deleted; 0 keeps them forever.",
     )
+    spill_dir: str = Field(
+        "var",
+        description="Where a shutdown that cannot reach the database writes the ledger rows "
+        "still unwritten (one JSON file per process); the next start that reaches the database "
+        "writes them and removes the file. Relative to the working directory.",
+    )
 
 
 class BatchConfig(Section):

@@ -13,7 +13,11 @@ article adds"), so a row keeps the tokens of failed attempts apart from billed u
                  │             same sequence number: if its commit had gone through, the
                  │             retry adds nothing; new entries gather meanwhile
                  ▼
-    close (SIGTERM) ─► flush until nothing is left, or the database stays away
+    close (SIGTERM) ─► flush until nothing is left, or the database stays away:
+                 │  then every unwritten row goes to a spill file (`ledger.spill_dir`)
+                 ▼
+    start ─► recover(): each spill file is written with the sequence numbers its process
+             would have used (a file replayed twice adds nothing), then removed
 
 While the database is unreachable the gateway keeps serving: entries gather in memory,
 at most `ledger.max_buffered_rows` rows (entries for an existing row always fit), and are
@@ -23,12 +27,14 @@ written when it returns. `kill -9` loses at most one flush interval.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
 
 from app.billing.budgets import Amount, SpendKey
 from app.billing.periods import Calendar
@@ -239,13 +245,67 @@ class Ledger:
         try:
             await self.flush_all(time.monotonic() + grace_sec)
         except DatabaseUnavailable as exc:
+            where = self.spill()
             log.error(
-                "shutting down with %d ledger rows unwritten (%s): %s",
+                "shutting down with %d ledger rows unwritten (%s): %s; %s",
                 self.backlog,
                 exc,
                 self.summary(),
+                f"kept in {where}, written by the next start that reaches the database"
+                if where is not None
+                else f"and they could not be kept in {self.cfg.spill_dir} either",
             )
             raise
+
+    # -- spill files: what a shutdown could not write ----------------------------------------
+    def spill(self) -> Path | None:
+        """Write every unwritten row to this process's spill file (atomically: a file is
+        whole or absent). Each flush keeps the sequence number it has or would have had,
+        so replaying the file is as idempotent as a retried flush. None: not written."""
+        flushes = []
+        if self._outstanding is not None:
+            flushes.append(self._outstanding)
+        if self._pending:
+            flushes.append((self._seq + 1, self._pending))
+        if not flushes:
+            return None
+        doc = {
+            "version": 1,
+            "writer": self.writer,
+            "flushes": [
+                {"seq": seq, "rows": [[list(k), v] for k, v in rows.items()]}
+                for seq, rows in flushes
+            ],
+        }
+        folder = Path(self.cfg.spill_dir)
+        path = folder / f"ledger-spill-{self.writer.replace(':', '-').replace('/', '-')}.json"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.error("ledger spill file %s could not be written: %r", path, exc)
+            return None
+        return path
+
+    async def recover(self) -> int:
+        """Write the spill files earlier processes left in `ledger.spill_dir` and remove
+        them; returns the rows written. A file the database refuses now is kept for the
+        next start. (Once, at start: the file reads are not worth a thread.)"""
+        written = 0
+        for path, writer, flushes in _read_spills(Path(self.cfg.spill_dir)):
+            try:
+                async with self._lock:
+                    for seq, rows in flushes:
+                        if await self.book.write(writer, seq, rows, self._spend(rows)):
+                            written += len(rows)
+            except DatabaseUnavailable:
+                log.warning("ledger spill file %s kept: the database is unreachable", path)
+                return written
+            _remove(path)
+            log.warning("ledger spill file %s written to the database and removed", path)
+        return written
 
     def summary(self) -> dict[str, dict[str, int]]:
         """Unwritten totals per key, for the log line of a shutdown that could not flush."""
@@ -274,3 +334,33 @@ class Ledger:
 
     def describe(self) -> str:
         return self.book.db.where
+
+
+def _bucket_key(raw: Sequence[Any]) -> BucketKey:
+    """A spill file's row key as the book takes it (JSON has no tuples)."""
+    bucket, key, model, domain, status, team = raw
+    return (int(bucket), str(key), str(model), str(domain), int(status), str(team))
+
+
+Spill = tuple[Path, str, list[tuple[int, Buckets]]]
+
+
+def _read_spills(folder: Path) -> list[Spill]:
+    """The spill files in `folder`: (path, writer, [(seq, rows), ...]); an unreadable
+    one is logged and left where it is."""
+    out: list[Spill] = []
+    for path in sorted(folder.glob("ledger-spill-*.json")) if folder.is_dir() else []:
+        try:
+            doc = json.loads(path.read_text())
+            flushes = [
+                (int(f["seq"]), {_bucket_key(k): [int(x) for x in v] for k, v in f["rows"]})
+                for f in doc["flushes"]
+            ]
+            out.append((path, str(doc["writer"]), flushes))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("ledger spill file %s is unreadable, left in place: %r", path, exc)
+    return out
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)

@@ -291,3 +291,34 @@ def test_a_database_outage_keeps_serving_and_loses_no_ledger_row(
                 break
             assert time.monotonic() < deadline, r.text
             time.sleep(0.3)
+
+
+def test_sigterm_while_the_database_is_away_spills_and_the_next_start_writes_it(
+    sim: Sim, make_gateway: Make, tmp_path: Path
+) -> None:
+    from tests.support.postgres import postgres_server
+
+    with postgres_server() as pg:  # its own server: this test stops it
+        env = {
+            "TOKENGATE_DATABASE_URL": pg.url(pg.fresh_database()),
+            "TOKENGATE_DATABASE__CONNECT_TIMEOUT_SEC": "1",
+            "TOKENGATE_ADMIN_KEY": ADMIN_KEY,
+            "TOKENGATE_LEDGER__SPILL_DIR": str(tmp_path / "spill"),
+        }
+        settings = {"ledger": {"flush_interval_sec": 60}}  # nothing written before the stop
+        gw = make_gateway(GatewaySpec(keys=FAST_KEYS, env=env, settings=settings), sim.url)
+        client = gw.openai()
+        for i in range(8):
+            client.chat.completions.create(
+                model="gpt-4o", max_tokens=3, messages=[{"role": "user", "content": f"{i}"}]
+            )
+        pg.stop()
+        gw.stop()  # SIGTERM with the database away
+        (spilled,) = (tmp_path / "spill").glob("ledger-spill-*.json")
+        assert any("kept in" in str(x.get("msg")) for x in gw.log_lines())
+        assert "pg-test-secret" not in spilled.read_text()
+
+        pg.start()
+        gw.restart()  # the same configuration: it writes the spill file first
+        assert billed_by_ledger(usage(gw)) == sim.stats()["billed"]
+        assert not spilled.exists()

@@ -4,6 +4,7 @@ failures (and lost acknowledgements), retention."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,3 +170,39 @@ async def test_closing_writes_everything_settled(database_cfg: DatabaseConfig) -
     await ledger.close()
     assert sum(r["requests"] for r in await totals(ledger.book)) == 50
     await db.close()
+
+
+async def test_a_shutdown_without_the_database_spills_and_the_next_start_writes_it_once(
+    db: Database, tmp_path: Path
+) -> None:
+    """SIGTERM while the database is away loses no row: what could not be written goes
+    to a spill file that the next start writes (a file replayed twice adds nothing)."""
+    cfg = LedgerConfig(spill_dir=str(tmp_path / "spill"))
+    book = FlakyBook(db)
+    ledger = Ledger(book, cfg, clock=FakeClock(T0))
+    ledger.add(entry(prompt_tokens=7))
+    book.fail_after = 1  # the first flush commits, its acknowledgement is lost
+    with pytest.raises(DatabaseUnavailable):
+        await ledger.flush()
+    ledger.add(entry("bob", cost_nanos=1000))
+    book.fail_before = 10_000  # then the database is gone for good
+    with pytest.raises(DatabaseUnavailable):
+        await ledger.close(grace_sec=0)
+    (spilled,) = (tmp_path / "spill").glob("ledger-spill-*.json")
+    kept = spilled.read_text()
+
+    restarted = Ledger(UsageBook(db), cfg, clock=FakeClock(T0 + 5))
+    assert await restarted.recover() == 1  # alice's row was committed already: only bob's
+    assert not spilled.exists()
+    spilled.write_text(kept)  # the same file again (a crash before the removal)
+    assert await restarted.recover() == 0 and not spilled.exists()
+    rows = {r["key"]: (r["requests"], r["prompt_tokens"]) for r in await totals(book)}
+    assert rows == {"alice": (1, 7), "bob": (1, 10)}
+    assert await restarted.recover() == 0  # nothing left
+
+
+async def test_an_unreadable_spill_file_is_left_alone(db: Database, tmp_path: Path) -> None:
+    (tmp_path / "ledger-spill-x.json").write_text("{not json")
+    ledger = Ledger(UsageBook(db), LedgerConfig(spill_dir=str(tmp_path)))
+    assert await ledger.recover() == 0
+    assert (tmp_path / "ledger-spill-x.json").exists()
