@@ -246,19 +246,41 @@ class _Response:
     def complete(self) -> bool:
         return self._resp.content.at_eof()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._resp.content.iter_any():
-                yield chunk
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            self._resp.close()
-            raise failure_of(exc) from None
+    def chunks(self) -> AsyncIterator[bytes]:
+        return _Chunks(self._resp)
 
     async def close(self) -> None:
         # release(): a fully read answer returns its connection to the pool; an unfinished
         # one (client gone, stream cut) closes it, which is how the upstream learns to
         # stop generating.
         self._resp.release()
+
+
+class _Chunks:
+    """The answer's body as it arrives, each read a chunk (`readany`), aiohttp's errors as
+    the pipeline's. One iterator object over the stream rather than a generator around
+    aiohttp's own iterator: a streamed answer resumes it once per event, and each layer
+    of that chain was a measurable share of the relay's CPU per event
+    (deploy/BENCHMARKS.md, "The hot path")."""
+
+    __slots__ = ("_content", "_resp")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self._content = resp.content
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await self._content.readany()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._resp.close()
+            raise failure_of(exc) from None
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
 
 
 def failure_of(exc: BaseException, via: str = "") -> BaseException:

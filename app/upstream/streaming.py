@@ -88,6 +88,10 @@ class SseRelay:
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward now (zero or more complete events)."""
+        if not self._tail and chunk.find(_SEP) == len(chunk) - 2 and b"\r" not in chunk:
+            # The usual read of a model's stream: exactly one whole event. No split, no
+            # copies of the chunk (this runs once per token).
+            return chunk if self._inspect(chunk[:-2]) else b""
         data = self._tail + chunk if self._tail else chunk
         if b"\r" in data:  # CRLF servers; a pair split across chunks rejoins in the tail
             data = data.replace(b"\r\n", b"\n")
@@ -267,6 +271,8 @@ def _names_usage(payload: bytes) -> bool:
 
 
 def _data_of(event: bytes) -> bytes | None:
+    if event.startswith(b"data:") and b"\n" not in event:  # one line: most events
+        return event[5:].strip()
     for line in event.split(b"\n"):
         if line.startswith(b"data:"):
             return line[5:].strip()

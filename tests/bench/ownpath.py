@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -56,15 +57,54 @@ class _Answer:
         return None
 
 
+def _event(text: str) -> bytes:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "claude-sonnet"}
+    chunk["choices"] = [{"index": 0, "delta": {"content": text}}]  # type: ignore[assignment]
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+_USAGE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","model":"claude-sonnet","choices":[],'
+    b'"usage":{"prompt_tokens":8,"completion_tokens":256,"total_tokens":264}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+class _Events:
+    """A stream whose events arrive one at a time (`--events N`), as a model's tokens do:
+    each is its own read, relayed on its own; the usage and `[DONE]` come last."""
+
+    def __init__(self, events: list[bytes]) -> None:
+        self.status = 200
+        self.headers: Mapping[str, str] = {"content-type": "text/event-stream"}
+        self._events = events
+        self.complete = False
+
+    async def read(self) -> bytes:
+        raise AssertionError("a stream is read in chunks")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for event in self._events:
+            yield event
+        self.complete = True
+        yield _USAGE
+
+    async def close(self) -> None:
+        return None
+
+
 class _Upstream:
-    def __init__(self, pause: bool) -> None:
+    def __init__(self, pause: bool, events: int = 0) -> None:
         self.pause = pause
+        self.events = [_event(f"t{i} ") for i in range(events)]  # built once, not timed
 
     async def request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, *, stream: bool
     ) -> _Answer:
         if self.pause:  # one turn of the loop, as a real answer takes: requests pile up
             await asyncio.sleep(0)
+        if stream and self.events:
+            return _Events(self.events)  # type: ignore[return-value]
         return _Answer(stream)
 
     async def close(self) -> None:
@@ -112,7 +152,9 @@ def _scope(body: bytes) -> dict[str, Any]:
     }
 
 
-async def _run(stream: bool, requests: int, rounds: int, concurrency: int) -> float:
+async def _run(
+    stream: bool, requests: int, rounds: int, concurrency: int, events: int = 0
+) -> float:
     from app.bootstrap import load_runtime, setup_process
     from app.main import create_app
     from app.signals import tune_gc
@@ -120,7 +162,7 @@ async def _run(stream: bool, requests: int, rounds: int, concurrency: int) -> fl
 
     runtime = load_runtime()
     setup_process(runtime)
-    upstream = _Upstream(pause=concurrency > 1)
+    upstream = _Upstream(pause=concurrency > 1, events=events)
     app = create_app(runtime, transport_factory=lambda spec: upstream)
     body = common.chat_body(stream).encode()
     forever = asyncio.get_running_loop().create_future()
@@ -177,13 +219,22 @@ def main(argv: list[str] | None = None) -> int:
         help="requests at once (above 1 each answer takes a turn of the loop, so past the "
         "domain's max_inflight they queue)",
     )
+    p.add_argument(
+        "--events",
+        type=int,
+        default=0,
+        help="sse: the upstream's answer arrives as this many events, each read and relayed "
+        "on its own (0: the static upstream's whole body at once)",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tokengate-ownpath-") as tmp:
         _environ(Path(tmp), "info" if args.info else "warning")
-        us = uvloop.run(_run(args.mode == "sse", args.requests, args.rounds, args.concurrency))
+        run = _run(args.mode == "sse", args.requests, args.rounds, args.concurrency, args.events)
+        us = uvloop.run(run)
+    events = f", {args.events} events an answer" if args.events else ""
     print(
-        f"{args.mode} c={args.concurrency}: {us:.1f} µs of CPU per request in the gateway's "
-        "own code"
+        f"{args.mode} c={args.concurrency}{events}: {us:.1f} µs of CPU per request in the "
+        "gateway's own code"
     )
     return 0
 
