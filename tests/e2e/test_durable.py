@@ -250,17 +250,22 @@ def _pg_path() -> str:
     return f"{_bindir()}:/usr/bin:/bin"
 
 
+def _on_own_postgres(pg: Postgres, connect_timeout_sec: int) -> dict[str, str]:
+    """A gateway's environment on a PostgreSQL server of the test's own (it stops it)."""
+    return {
+        "TOKENGATE_DATABASE_URL": pg.url(pg.fresh_database()),
+        "TOKENGATE_DATABASE__CONNECT_TIMEOUT_SEC": str(connect_timeout_sec),
+        "TOKENGATE_ADMIN_KEY": ADMIN_KEY,
+    }
+
+
 def test_a_database_outage_keeps_serving_and_loses_no_ledger_row(
     sim: Sim, make_gateway: Make
 ) -> None:
     from tests.support.postgres import postgres_server
 
     with postgres_server() as pg:  # its own server: this test stops it
-        env = {
-            "TOKENGATE_DATABASE_URL": pg.url(pg.fresh_database()),
-            "TOKENGATE_DATABASE__CONNECT_TIMEOUT_SEC": "2",
-            "TOKENGATE_ADMIN_KEY": ADMIN_KEY,
-        }
+        env = _on_own_postgres(pg, connect_timeout_sec=2)
         gw = make_gateway(GatewaySpec(keys=FAST_KEYS, env=env), sim.url)
         client = gw.openai()
 
@@ -299,12 +304,8 @@ def test_sigterm_while_the_database_is_away_spills_and_the_next_start_writes_it(
     from tests.support.postgres import postgres_server
 
     with postgres_server() as pg:  # its own server: this test stops it
-        env = {
-            "TOKENGATE_DATABASE_URL": pg.url(pg.fresh_database()),
-            "TOKENGATE_DATABASE__CONNECT_TIMEOUT_SEC": "1",
-            "TOKENGATE_ADMIN_KEY": ADMIN_KEY,
-            "TOKENGATE_LEDGER__SPILL_DIR": str(tmp_path / "spill"),
-        }
+        env = _on_own_postgres(pg, connect_timeout_sec=1)
+        env["TOKENGATE_LEDGER__SPILL_DIR"] = str(tmp_path / "spill")
         settings = {"ledger": {"flush_interval_sec": 60}}  # nothing written before the stop
         gw = make_gateway(GatewaySpec(keys=FAST_KEYS, env=env, settings=settings), sim.url)
         client = gw.openai()
