@@ -13,7 +13,7 @@ discovered models (else `other`), `domain` comes from the config. Label children
 cached per label tuple because `.labels()` takes a lock and builds a tuple each call.
 
 The instruments every request touches (requests, durations, tokens, attempts, dispatch
-groups and queue waits, time to first token) are recorded in plain `_Tally` cells and
+groups and queue waits, time to first token, cost) are recorded in plain `_Tally` cells and
 handed to prometheus_client when the registry is collected (a scrape, or anything
 reading the registry: `_Fold` is its first collector), not per call: prometheus_client
 takes a lock and checks the child on every increment, and a histogram walks its
@@ -680,9 +680,9 @@ class Metrics:
     def record_spend(self, key: str, model: str | None, nanos: int | None) -> None:
         m = self.model_label(model)
         if nanos is None:
-            self._child(self.unpriced, m).inc()
+            self._tally(self.unpriced, m).inc()
         elif nanos:
-            self._child(self.cost, key, m).inc(nanos / 1e9)
+            self._tally(self.cost, key, m).inc(nanos / 1e9)
 
     def set_budget_used(
         self, scope: str, name: str, period: str, metric: str, ratio: float
