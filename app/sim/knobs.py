@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from app.sim.quota import Headers, Mode
 from app.sim.tools import ToolMode
@@ -56,3 +59,27 @@ class SimKnobs:
     tool_calls: ToolMode = "auto"  # see tools.py: every request with tools, or only when named
     faults: Faults = field(default_factory=Faults)
     seed: int = 7
+
+
+T = TypeVar("T")
+
+
+class StreamDropped(Exception):
+    """Raised inside a stream to break the connection off mid-body (`drop_after`)."""
+
+
+async def paced(events: Iterable[tuple[T, bool]], knobs: SimKnobs) -> AsyncIterator[T]:
+    """A stream's events, `(event, is_content)`, as the knobs send them: one content event
+    per `1 / tokens_per_sec`, and broken off (`StreamDropped`) past `faults.drop_after`
+    content events. Every dialect's stream goes through here."""
+    gap = 1 / knobs.tokens_per_sec if knobs.tokens_per_sec else 0.0
+    drop = knobs.faults.drop_after
+    sent = 0
+    for event, is_content in events:
+        if is_content:
+            if drop is not None and sent >= drop:
+                raise StreamDropped
+            sent += 1
+            if gap:
+                await asyncio.sleep(gap)
+        yield event

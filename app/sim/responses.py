@@ -31,6 +31,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.sim import response_shapes as shapes
 from app.sim.errors import SimError
+from app.sim.knobs import paced
 
 if TYPE_CHECKING:
     from app.sim.server import Sim
@@ -46,7 +47,6 @@ class Renderers:
     stream: Callable[[AsyncIterator[bytes], dict[str, str]], Response]
     truncated: Callable[[bytes], Response]
     error: Callable[[SimError], Response]
-    drop: type[Exception]  # raised inside a stream: the connection breaks off
 
 
 @dataclass
@@ -186,17 +186,10 @@ class ResponsesSim:
         self, final: dict[str, Any], rec: dict[str, Any], *, queued: bool = False, after: int = -1
     ) -> AsyncIterator[bytes]:
         sim = self.sim
-        gap = 1 / sim.knobs.tokens_per_sec if sim.knobs.tokens_per_sec else 0.0
-        drop = sim.knobs.faults.drop_after
-        sent = 0
+        seq = -1
         try:
-            for seq, (event, is_content) in enumerate(shapes.events(final, queued=queued)):
-                if is_content:
-                    if drop is not None and sent >= drop:
-                        raise self.render.drop
-                    sent += 1
-                    if gap:
-                        await asyncio.sleep(gap)
+            async for event in paced(shapes.events(final, queued=queued), sim.knobs):
+                seq += 1
                 if seq > after:
                     yield shapes.sse(event, seq)
             rec["completed"] = True

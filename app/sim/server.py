@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 from app.sim import shapes
 from app.sim.cache import PromptCache
 from app.sim.errors import SimError
-from app.sim.knobs import Faults, SimKnobs
+from app.sim.knobs import Faults, SimKnobs, StreamDropped, paced
 from app.sim.messages import count_tokens_body
 from app.sim.quota import Quota
 from app.sim.responses import Renderers, ResponsesSim
@@ -225,17 +225,8 @@ class Sim:
                 self.inflight -= 1
 
     async def _stream(self, job: shapes.Job, rec: dict[str, Any]) -> AsyncIterator[bytes]:
-        gap = 1 / self.knobs.tokens_per_sec if self.knobs.tokens_per_sec else 0.0
-        drop = self.knobs.faults.drop_after
-        sent = 0
         try:
-            for event, is_content in job.events():
-                if is_content:
-                    if drop is not None and sent >= drop:
-                        raise _Drop
-                    sent += 1
-                    if gap:
-                        await asyncio.sleep(gap)
+            async for event in paced(job.events(), self.knobs):
                 yield event
             rec["completed"] = True
             self._bill(job)
@@ -331,12 +322,9 @@ class Sim:
         )
 
 
-class _Drop(Exception):
-    """Raised inside a stream to break the connection off mid-body."""
-
-
 class _Stream(Response):
-    """SSE whose generator may `_Drop`: the connection then ends without its last chunk."""
+    """SSE whose generator may raise `StreamDropped`: the connection then ends without its
+    last chunk."""
 
     def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
         self.status_code = 200
@@ -358,7 +346,7 @@ class _Stream(Response):
                 task.cancel()
                 try:
                     await task
-                except (asyncio.CancelledError, _Drop):
+                except (asyncio.CancelledError, StreamDropped):
                     pass
         if stream_task in done and stream_task.exception() is None:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -367,7 +355,7 @@ class _Stream(Response):
         try:
             async for event in self.events:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-        except _Drop:
+        except StreamDropped:
             return None  # leave the response unfinished: the server drops the connection
         except OSError:
             return None
@@ -419,9 +407,7 @@ def create_sim_app(knobs: SimKnobs) -> Starlette:
     routes: list[BaseRoute] = [Route(p, sim.handle, methods=["POST"]) for p in paths]
     if knobs.anthropic:
         routes.append(Route(COUNT_TOKENS, sim.count_tokens, methods=["POST"]))
-    responses = ResponsesSim(
-        sim, Renderers(_Stream, _Truncated, lambda err: _error(err, False), _Drop)
-    )
+    responses = ResponsesSim(sim, Renderers(_Stream, _Truncated, lambda err: _error(err, False)))
     routes += [
         Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/responses/input_tokens", responses.input_tokens, methods=["POST"]),
