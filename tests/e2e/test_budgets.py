@@ -10,8 +10,6 @@ import asyncio
 import csv
 import io
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +20,7 @@ import openai
 import pytest
 
 from app.limits.estimate import chat_prompt_tokens
-from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim, free_port
+from tests.support.procs import Gateway, GatewaySpec, Redis, Sim, free_port, run_cli
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-test-key-0123456789"
@@ -230,13 +228,12 @@ def test_tokengate_usage_prints_a_table_csv_and_json(sim: Sim, make_gateway: Mak
         gw.openai(alias).chat.completions.create(model="gpt-4o", messages=PROMPT, max_tokens=8)
 
     def usage(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "app.cli", "usage", "--target", gw.url, *args],
-            cwd=ROOT,
+        done = run_cli(
+            "usage",
+            "--target",
+            gw.url,
+            *args,
             env={"TOKENGATE_ADMIN_KEY": ADMIN, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            timeout=60,
         )
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
@@ -252,13 +249,8 @@ def test_tokengate_usage_prints_a_table_csv_and_json(sim: Sim, make_gateway: Mak
     (row,) = data["data"]
     assert row["model"] == "gpt-4o" and row["period"].startswith(row["period"][:10])
     assert data["totals"]["requests"] == 3 and data["totals"]["cost"] > 0
-    refused = subprocess.run(
-        [sys.executable, "-m", "app.cli", "usage", "--target", gw.url],
-        cwd=ROOT,
-        env={"TOKENGATE_ADMIN_KEY": "wrong", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    refused = run_cli(
+        "usage", "--target", gw.url, env={"TOKENGATE_ADMIN_KEY": "wrong", "PATH": "/usr/bin:/bin"}
     )
     assert refused.returncode == 1 and "401" in refused.stdout
 
@@ -277,14 +269,7 @@ def test_models_without_a_price_are_named_by_check_and_at_start(
         "TOKENGATE_KEYS": json.dumps([{"alias": "a", "key_sha256": "a" * 64}]),
         "TOKENGATE_DATABASE__PATH": str(tmp_path / "tokengate.sqlite3"),
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "check", "--port", str(free_port())],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("check", "--port", str(free_port()), env=env)
     assert done.returncode == 0, done.stdout
     out = done.stdout
     # the seed routes claude-sonnet (default) and gpt-4o (fallback); the sim lists three
@@ -302,15 +287,6 @@ def test_models_without_a_price_are_named_by_check_and_at_start(
 def test_cached_tokens_of_the_sims_prompt_cache_are_priced_at_their_own_rate(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:
-    helped = subprocess.run(
-        [sys.executable, "-m", "app.cli", "sim", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    if "--cache-min-tokens" not in helped:
-        pytest.skip("the sim's prompt cache (issue #25, app/sim/cache.py) is not in this tree")
     sim = make_sim("--cache-min-tokens", "64")
     gw = make_gateway(spec({"alice": {}}), sim.url)
     long = " ".join(f"word{i}" for i in range(600))  # well past 64 of the sim's tokens

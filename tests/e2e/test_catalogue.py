@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,13 +15,13 @@ import httpx
 import pytest
 
 from tests.support.procs import (
-    ROOT,
     UPSTREAM_KEY,
     Gateway,
     GatewaySpec,
     Sim,
     digest,
     free_port,
+    run_cli,
 )
 
 Make = Callable[..., Gateway]
@@ -75,26 +73,12 @@ def test_check_fails_with_the_fix_when_a_route_target_is_missing(
         "TOKENGATE_DATABASE__PATH": str(tmp_path / "tokengate.sqlite3"),
     }
     port = str(free_port())
-    proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "check", "--port", port],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_cli("check", "--port", port, env=env)
     assert proc.returncode == 1
     assert "does not list: claude-sonnet, gpt-4o" in proc.stdout
     assert "model_aliases" in proc.stdout
     env["TOKENGATE_MODEL_ALIASES"] = json.dumps(ALIASES["model_aliases"])
-    ok = subprocess.run(
-        [sys.executable, "-m", "app.cli", "check", "--port", port],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    ok = run_cli("check", "--port", port, env=env)
     assert ok.returncode == 0, ok.stdout
     assert "16/16 ok" in ok.stdout
 

@@ -16,7 +16,6 @@ import json
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ import pytest
 from app.db import migrate
 from tests.e2e.test_batches import FAST_KEYS, jsonl, line, sent_items, start, wait_done
 from tests.support.postgres import Postgres
-from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim, start_gateway
+from tests.support.procs import Gateway, GatewaySpec, Redis, Sim, run_cli, start_gateway
 
 ADMIN_KEY = "adm-e2e-durable-0123456789"
 KEY = "tg-test-durable-key-0123456789"
@@ -185,12 +184,8 @@ def _lease_owner(postgres: Postgres, gw: Gateway, batch_id: str) -> str:
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return run_cli(
+        *args,
         env={
             "PATH": "/usr/bin:/bin",
             "TAOTOKEN_API_KEY": "sk-x",

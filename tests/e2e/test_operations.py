@@ -6,8 +6,6 @@ import asyncio
 import json
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.procs import ROOT, Gateway, GatewaySpec, Sim, digest
+from tests.support.procs import Gateway, GatewaySpec, Sim, digest, run_cli
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-ops-key-0123456789"
@@ -264,12 +262,8 @@ def test_one_json_log_line_per_request_with_its_story(sim: Sim, make_gateway: Ma
 
 
 def test_unwritable_log_directory_is_a_startup_error(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_cli(
+        "serve",
         env={
             "PATH": "/usr/bin:/bin",
             "TAOTOKEN_API_KEY": "sk-x",

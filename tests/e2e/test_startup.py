@@ -7,20 +7,19 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.procs import (
-    ROOT,
     UPSTREAM_KEY,
     Gateway,
     GatewaySpec,
     Sim,
     digest,
     free_port,
+    run_cli,
     wait_http,
 )
 
@@ -68,14 +67,7 @@ def listening() -> Iterator[int]:
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli(*args, env=env, timeout=timeout)
 
 
 def environment(tmp_path: Path, upstream: str, **extra: str) -> dict[str, str]:

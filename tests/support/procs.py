@@ -73,6 +73,16 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "app.cli", *args]
 
 
+def run_cli(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`tokengate ARGS` run to its end from the repo, in exactly `env` (nothing of this
+    process's environment leaks in), its output captured as text."""
+    return subprocess.run(
+        _cli(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 @dataclass
 class Sim:
     port: int
