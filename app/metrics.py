@@ -13,21 +13,14 @@ discovered models (else `other`), `domain` comes from the config. Label children
 cached per label tuple because `.labels()` takes a lock and builds a tuple each call.
 
 The instruments every request touches (requests, durations, tokens, attempts, dispatch
-groups and queue waits, time to first token, cost) are recorded in plain `_Tally` cells and
-handed to prometheus_client when the registry is collected (a scrape, or anything
-reading the registry: `_Fold` is its first collector), not per call: prometheus_client
-takes a lock and checks the child on every increment, and a histogram walks its
-buckets, which was about a sixth of the gateway's own instructions per request
-(deploy/BENCHMARKS.md). With `--workers N` the values live in shared files that other
-workers' scrapes read, so there each record is handed over at once (write-through). The
-cells are the event loop's: the verbs and the scrape run on its thread.
+groups and queue waits, time to first token, cost) are recorded through tally cells
+(`app.tally`) that prometheus_client reads when the registry is collected, not per call.
 """
 
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -44,6 +37,7 @@ from app.kinds import TokenKind
 from app.status.board import StatusBoard
 from app.status.recent import Failure, RecentErrors
 from app.status.ring import Ring
+from app.tally import Fold, Tally
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 MAX_MODEL_LABELS = 200
@@ -82,66 +76,6 @@ class RedisStateLike(Protocol):
     def replicas(self) -> int: ...
 
 
-class _Tally:
-    """A counter's or a histogram's records not yet handed to its prometheus_client child.
-
-    A histogram's observation is counted in the bucket prometheus_client would count it
-    in (the first upper bound >= the value: `bisect_left` over the child's own bounds),
-    and folded in with the child's bucket and sum values, the ones `observe` adds to."""
-
-    __slots__ = ("bounds", "buckets", "child", "counts", "total", "write_through")
-
-    def __init__(self, child: Any, write_through: bool) -> None:
-        self.child = child
-        self.write_through = write_through
-        self.total = 0.0  # a counter's increments, a histogram's sum
-        # A histogram's bounds (+Inf last) and per-bucket counts; None for a counter.
-        self.bounds: list[float] | None = getattr(child, "_upper_bounds", None)
-        self.buckets: list[Any] = getattr(child, "_buckets", [])
-        self.counts = [0] * len(self.buckets)
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.total += amount
-        if self.write_through:
-            self.fold()
-
-    def observe(self, value: float) -> None:
-        assert self.bounds is not None
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-        if self.write_through:
-            self.fold()
-
-    def fold(self) -> None:
-        if self.bounds is None:
-            if self.total:
-                self.child.inc(self.total)
-                self.total = 0.0
-            return
-        counts = self.counts
-        for i, n in enumerate(counts):
-            if n:
-                self.buckets[i].inc(n)
-                counts[i] = 0
-        self.child._sum.inc(self.total)
-        self.total = 0.0
-
-
-class _Fold:
-    """Registered first on the registry: collecting it hands every tally to its child, so
-    the instruments collected after it are exact. It exposes nothing itself."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> Iterator[Any]:
-        self.metrics.fold()
-        return iter(())
-
-
 def multiprocess_enabled() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
@@ -157,13 +91,13 @@ class Metrics:
         self.registry = registry
         self._models: set[str] = set(models)
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._tallies: dict[tuple[Any, ...], _Tally] = {}
-        self._answers: dict[tuple[str, str, str, int], tuple[_Tally, ...]] = {}
+        self._tallies: dict[tuple[Any, ...], Tally] = {}
+        self._answers: dict[tuple[str, str, str, int], tuple[Tally, ...]] = {}
         self._write_through = multiprocess_enabled()
         self._ring: Ring | None = None
         self._errors: RecentErrors | None = None
         r = registry
-        r.register(_Fold(self))  # first: the instruments below are collected after it
+        r.register(Fold(self.fold))  # first: the instruments below are collected after it
         self.requests = Counter(
             "tokengate_requests",
             "Requests answered, by serving domain, model and HTTP status.",
@@ -370,12 +304,12 @@ class Metrics:
             self._children[key] = child
         return child
 
-    def _tally(self, metric: Any, *labels: str) -> _Tally:
-        """The hot path's cell for one child (see the module docstring)."""
+    def _tally(self, metric: Any, *labels: str) -> Tally:
+        """The hot path's cell for one child (`app.tally`)."""
         key = (id(metric), *labels)
         tally = self._tallies.get(key)
         if tally is None:
-            tally = self._tallies[key] = _Tally(self._child(metric, *labels), self._write_through)
+            tally = self._tallies[key] = Tally(self._child(metric, *labels), self._write_through)
         return tally
 
     def fold(self) -> None:
