@@ -23,6 +23,7 @@ from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
 from app.gateway import Gateway, TransportFactory
+from app.limits.store import LimitStore
 from app.metrics import Metrics, new_registry
 from app.runtime import Runtime
 from app.signals import lifecycle_signals, tune_gc
@@ -33,14 +34,19 @@ def create_app(
     *,
     metrics: Metrics | None = None,
     transport_factory: TransportFactory | None = None,
+    store: LimitStore | None = None,
     handle_signals: bool = False,
     on_started: Callable[[Gateway], None] | None = None,
 ) -> ASGIApp:
     """The gateway's ASGI app: the pure-ASGI front (request id, disconnects, edge routes)
     around FastAPI, which serves every other route. `on_started` is told once the
-    gateway has started (the CLI prints what the first probes found)."""
+    gateway has started (the CLI prints what the first probes found). `store` stands in for
+    the limit store the gateway would build: tests give one on a clock of their own."""
     gateway = Gateway(
-        runtime, metrics or Metrics(new_registry()), transport_factory=transport_factory
+        runtime,
+        metrics or Metrics(new_registry()),
+        transport_factory=transport_factory,
+        store=store,
     )
 
     @asynccontextmanager

@@ -64,14 +64,17 @@ def test_sdk_waits_the_advertised_refill_and_succeeds(sim: Sim, make_gateway: Ma
         started = time.monotonic()
         answer = client.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=1)
         waited = time.monotonic() - started
-        if sum(1 for line in gw.access() if line["status"] == 429) > refused_before:
+        refused = sum(1 for line in gw.access() if line["status"] == 429) - refused_before
+        if refused:
             break
     else:
         pytest.fail("the bucket never emptied")
     assert answer.choices  # the caller never saw the 429: the SDK retried after the hint
     # It waited what it was told (the time until the bucket holds one more request: at
-    # most a second at 60/min, less when the bucket was nearly refilled), then succeeded.
+    # most a second at 60/min, less when the bucket was nearly refilled), and that was
+    # enough: one 429, then the retry succeeded (however slowly the machine ran, a longer
+    # wait only refills more, so no upper bound on the wait is asserted).
     assert hints and 0 < hints[-1] <= 1.0, hints
-    assert hints[-1] <= waited <= hints[-1] + 2.0, (waited, hints)
+    assert hints[-1] <= waited and refused == 1, (waited, hints, refused)
     client.close()
     assert [line["status"] for line in gw.access()][-2:] == [429, 200]

@@ -6,7 +6,6 @@ import asyncio
 import json
 import re
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from tests.support.procs import Gateway, GatewaySpec, Sim, digest, run_cli
+from tests.support.waiting import wait_until
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-ops-key-0123456789"
@@ -149,11 +149,8 @@ def _add_key(gw: Gateway, alias: str) -> str:
     return secret
 
 
-def _wait_for(check: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+def _wait_for(check: Callable[[], bool]) -> None:
+    wait_until(check, "the reload to be seen")
 
 
 @pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])

@@ -178,11 +178,11 @@ def test_stall_past_the_timeout_is_504(sim: Sim, make_gateway: Make) -> None:
         ),
         sim.url,
     )
-    sim.faults(stall_ms=1500)
+    sim.faults(stall_ms=60_000)  # longer than any run: a 504 came from the gateway's timeout
     started = time.monotonic()
     r = post(gw, chat())
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 60
     # the upstream read the request and may be working on it: not sent again
     assert [a["outcome"] for a in attempts_of(gw, 504)[0]] == ["timeout"]
     assert r.headers["x-should-retry"] == "false"

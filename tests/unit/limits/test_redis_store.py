@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,27 @@ from app.limits.redis_store import SETTLE_LAG, RedisState, RedisStore
 from tests.support.redis_shapes import Server, server
 
 LIMITS = Limits(requests_per_minute=50, tokens_per_minute=100_000)
+# Slow refills, for the cases that tell a settle from none by what remains
+FEW_TOKENS = Limits(requests_per_minute=50, tokens_per_minute=6_000)  # 100 a second
+FEW_REQUESTS = Limits(requests_per_minute=6, tokens_per_minute=100_000)  # one in 10 s
+
+
+class Refill:
+    """What a bucket may have refilled since the test started it. Redis' clock (TIME)
+    refills the shared buckets and no test can stop it, so a bound on what remains
+    allows exactly the time the test took: it holds at any speed of the machine."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits, self.started = limits, time.monotonic()
+
+    def _since(self, per_minute: int) -> int:
+        return math.ceil((time.monotonic() - self.started) * per_minute / 60)
+
+    def requests(self) -> int:
+        return self._since(self.limits.requests_per_minute)
+
+    def tokens(self) -> int:
+        return self._since(self.limits.tokens_per_minute)
 
 
 class Tasks:
@@ -96,19 +119,20 @@ async def test_settles_ride_with_the_next_reservation_or_go_within_the_lag(
     make: Any, redis_aof: Server
 ) -> None:
     store = await make()
-    one = await store.reserve("k", LIMITS, 1000)
-    assert one.tokens_remaining == 99_000
-    store.settle("k", LIMITS, -990, 0)  # the answer used 10 of the 1000 reserved
+    refill = Refill(FEW_TOKENS)
+    one = await store.reserve("k", FEW_TOKENS, 1000)
+    assert one.tokens_remaining == 5_000
+    store.settle("k", FEW_TOKENS, -990, 0)  # the answer used 10 of the 1000 reserved
     before = commands(redis_aof, "evalsha")
-    two = await store.reserve("k", LIMITS, 1000)
-    # (plus what refilled meanwhile: 100k/min is ~1.7 tokens a millisecond)
-    assert 99_000 - 10 <= two.tokens_remaining <= 99_000 - 10 + 200
+    two = await store.reserve("k", FEW_TOKENS, 1000)
+    # 4,990 with the settle, 4,000 without (plus what refilled meanwhile: 100 a second)
+    assert 5_000 - 10 <= two.tokens_remaining <= 5_000 - 10 + refill.tokens()
     assert commands(redis_aof, "evalsha") - before == 1  # the settle rode along
-    store.settle("k", LIMITS, -1000, -1)  # refunded entirely, nothing reserves after it
+    store.settle("k", FEW_TOKENS, -1000, -1)  # refunded entirely, nothing reserves after it
     await asyncio.sleep(SETTLE_LAG * 4)
     await store.tasks.idle()
     level = float(redis_aof.cli("HGET", "tokengate:rl:{k}:tokens", "level"))
-    assert 99_990 <= level <= 99_990 + 200
+    assert 5_990 <= level <= min(6_000, 5_990 + refill.tokens())
 
 
 async def test_a_request_that_leaves_while_waiting_is_refunded(
@@ -132,6 +156,7 @@ async def test_replicas_see_each_other_and_an_outage_gives_each_its_share(
     of what was left (its half of the half), never the whole limit; when Redis is back
     (its data kept by AOF) what they admitted meanwhile is charged to the shared bucket."""
     one, two = await make(), await make()
+    refill = Refill(LIMITS)
     for store in (one, two):
         await store.housekeeping()
     assert one.fallback.replicas == two.fallback.replicas == 2
@@ -146,7 +171,8 @@ async def test_replicas_see_each_other_and_an_outage_gives_each_its_share(
     }  # fmt: skip
     assert one.states[-1] == RedisState(up=False, degraded=True, misconfigured=False, replicas=2)
     admitted_alone = sum(d.allowed for d in alone)
-    assert 23 <= admitted_alone <= 26  # 24 left in Redis: 12 each (+ refill, <1 s of it)
+    # 24 left in Redis: 12 each (+ what refilled since: each its share of the rate)
+    assert 23 <= admitted_alone <= 26 + refill.requests()
     redis_aof.start()
     for store in (one, two):
         await store.housekeeping()  # the heartbeat ends the outage
@@ -154,7 +180,8 @@ async def test_replicas_see_each_other_and_an_outage_gives_each_its_share(
     await asyncio.sleep(SETTLE_LAG * 4)
     await one.tasks.idle()
     after = await one.reserve("k", LIMITS, 10)
-    assert after.requests_remaining <= 2  # the outage's admissions are on the books
+    # the outage's admissions are on the books
+    assert after.requests_remaining <= 2 + refill.requests()
 
 
 async def test_fail_closed_refuses_with_503_while_down(make: Any, redis_aof: Server) -> None:
@@ -248,15 +275,17 @@ async def test_one_failed_call_is_decided_at_the_share_and_charged_to_redis_at_o
     store = RedisStore(link, spawn=tasks.spawn)
     await store.start()
     try:
-        await store.reserve("k", LIMITS, 10)
+        refill = Refill(FEW_REQUESTS)
+        await store.reserve("k", FEW_REQUESTS, 10)
         link.fail, link.nonsense = 1, nonsense
-        served = await store.reserve("k", LIMITS, 10)  # no hang, no exception
+        served = await store.reserve("k", FEW_REQUESTS, 10)  # no hang, no exception
         assert served.allowed and store.state() == "shared"  # one failure is no outage
         assert not store.fallback.active  # nothing stays local
         await asyncio.sleep(SETTLE_LAG * 4)
         await tasks.idle()
-        after = await store.reserve("k", LIMITS, 10)
-        assert after.requests_remaining == 50 - 3  # the one served alone is on the books
+        after = await store.reserve("k", FEW_REQUESTS, 10)
+        # the one served alone is on the books: 3 left, 4 without it (+ a refill in 10 s)
+        assert 6 - 3 <= after.requests_remaining <= 6 - 3 + refill.requests()
     finally:
         await tasks.idle()
         await store.close()

@@ -1,0 +1,33 @@
+"""Waiting for something a test started to happen: one deadline for every such wait.
+
+A deadline here only stops a test that would otherwise hang; it never asserts how fast
+the machine is. So it is long (a loaded machine, `make test-loaded`, takes many times
+longer than an idle one to start a process or drain a queue), and a test that passes
+returns as soon as its condition holds, whatever the deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+PATIENCE = 90.0  # seconds: far past any wait that a slow machine makes honestly
+
+
+def wait_until(
+    check: Callable[[], bool], what: str, *, timeout: float = PATIENCE, quiet: bool = False
+) -> None:
+    """Poll `check` until it is true; past the deadline fail naming `what`. `quiet`: a
+    check that raises (a server not up yet) counts as not yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if quiet:
+            with contextlib.suppress(Exception):
+                if check():
+                    return
+        elif check():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
