@@ -21,6 +21,7 @@ class Faults:
     rate: float = 0.0
     retry_after: float | None = None
     stall_ms: float = 0.0  # wait this long before answering (past the gateway's timeout)
+    hold: bool = False  # answer nothing until a PUT of the faults lifts it (no clock to race)
     drop_after: int | None = None  # break streams off after this many content chunks
     reset: bool = False  # cut the connection mid-body instead of answering a status
     paths: tuple[str, ...] = ()  # only these paths (empty = every /v1 path)

@@ -150,6 +150,8 @@ class Sim:
             return None
         if f.stall_ms:
             await self._wait(request, f.stall_ms / 1000, rec)
+        if f.hold:
+            await self._held(request, rec)
         if f.should_fail(self.rng):
             if f.reset:
                 return f
@@ -161,6 +163,15 @@ class Sim:
                 }
             raise SimError(f.status, f"injected fault ({f.status})", "server_error", None, headers)
         return None
+
+    async def _held(self, request: Request, rec: dict[str, Any]) -> None:
+        """Until the hold is lifted: a test lines requests up behind the upstream, looks at
+        the gateway's queues, then lets them go, with no clock to race."""
+        while self.knobs.faults.hold:
+            await asyncio.sleep(0.01)
+            if await request.is_disconnected():
+                rec["cancelled"] = True
+                raise asyncio.CancelledError
 
     async def _wait(self, request: Request, seconds: float, rec: dict[str, Any]) -> None:
         deadline = time.monotonic() + seconds

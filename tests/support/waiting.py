@@ -8,6 +8,7 @@ returns as soon as its condition holds, whatever the deadline.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -31,3 +32,12 @@ def wait_until(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.05)
+
+
+async def eventually(check: Callable[[], bool], what: str, *, timeout: float = PATIENCE) -> None:
+    """`wait_until` for a test whose own requests run on the event loop meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.05)
