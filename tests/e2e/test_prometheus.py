@@ -40,6 +40,7 @@ from tests.support.procs import (
     stop,
     wait_http,
 )
+from tests.support.waiting import PATIENCE
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROM_DIR / "rules"
@@ -91,7 +92,7 @@ def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
 
 
 def eventually(
-    probe: Callable[[], Any], ok: Callable[[Any], bool], what: str, timeout: float
+    probe: Callable[[], Any], ok: Callable[[Any], bool], what: str, timeout: float = PATIENCE
 ) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -188,6 +189,7 @@ class Stack:
     prometheus: subprocess.Popen[bytes]
     url: str
     sent: int
+    refused: int = 1  # bob's second request in phase 1
 
     def answer(self, expr: str) -> dict[str, Any]:
         """Prometheus' answer to an instant query: a parse error is a 400 `bad_data`."""
@@ -235,7 +237,7 @@ def start_prometheus(tmp: Path, target: str) -> tuple[subprocess.Popen[bytes], s
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/-/ready", proc=proc, timeout=20)
+        wait_http(f"{url}/-/ready", proc=proc)
     except (TimeoutError, RuntimeError) as exc:
         stop(proc)
         raise RuntimeError(f"prometheus did not start:\n{log.read_text()[-2000:]}") from exc
@@ -255,15 +257,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prometheus, url = start_prometheus(tmp, f"127.0.0.1:{gateway.port}")
         cleanup.callback(stop, prometheus)
         s = Stack(sim, gateway, prometheus, url, 0)
-        eventually(lambda: s.scalar('up{job="tokengate"}'), lambda v: v == 1, "target up", 10)
+        eventually(lambda: s.scalar('up{job="tokengate"}'), lambda v: v == 1, "target up")
         s.sent = sent = send_every_kind_of_request(gateway, sim)
-        eventually(lambda: s.scalar("sum(tokengate_requests_total)"), lambda v: v == sent, "p1", 10)
+        eventually(lambda: s.scalar("sum(tokengate_requests_total)"), lambda v: v == sent, "p1")
         alice, bob = gateway.openai("alice"), gateway.openai("bob")
         for _ in range(PHASE2_ALICE):
             alice.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=2)
+        # bob's one request a minute was spent in phase 1: refused, unless a slow machine
+        # took a minute to get here (then counted as what it was, not assumed)
         for _ in range(PHASE2_BOB):
-            with pytest.raises(openai.RateLimitError):
+            try:
                 bob.chat.completions.create(model="gpt-4o", messages=PING, max_tokens=2)
+            except openai.RateLimitError:
+                s.refused += 1
         s.sent += PHASE2_ALICE + PHASE2_BOB
         yield s
 
@@ -275,15 +281,15 @@ def test_prometheus_scrapes_the_gateway_and_counts_every_request(stack: Stack) -
         lambda: stack.scalar('sum(tokengate_requests_total{job="tokengate"})'),
         lambda v: v == stack.sent,
         "Prometheus' count of the requests sent",
-        10,
     )
     assert total == stack.sent
     by_status = {
         r["metric"]["status"]: float(r["value"][1])
         for r in stack.query("sum by (status) (tokengate_requests_total)")
     }
-    assert by_status == {"200": stack.sent - 1 - PHASE2_BOB, "429": 1 + PHASE2_BOB}
-    assert stack.scalar("sum(tokengate_rate_limited_total)") == 1 + PHASE2_BOB
+    assert stack.refused >= PHASE2_BOB  # phase 2 was refused (3 of 4 at the least)
+    assert by_status == {"200": stack.sent - stack.refused, "429": stack.refused}
+    assert stack.scalar("sum(tokengate_rate_limited_total)") == stack.refused
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -313,7 +319,7 @@ def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> None:
     assert len(queries) > 20
     # rate() needs two samples of a series: wait until those of phase 1 have them.
     rate_of_retries = "sum(rate(tokengate_upstream_retries_total[1m]))"
-    eventually(lambda: stack.scalar(rate_of_retries), lambda v: v is not None, "rate", 10)
+    eventually(lambda: stack.scalar(rate_of_retries), lambda v: v is not None, "rate")
     broken, empty = [], []
     for where, expr in queries:
         body = stack.answer(expr)
@@ -337,7 +343,7 @@ def test_shipped_rules_evaluate_on_live_data_and_only_the_provoked_alert_is_acti
         return [r for g in stack.api("rules")["groups"] for r in g["rules"]]
 
     loaded = eventually(
-        rules, lambda rs: rs and all(r["health"] == "ok" for r in rs), "rules healthy", 10
+        rules, lambda rs: rs and all(r["health"] == "ok" for r in rs), "rules healthy"
     )
     assert {r["name"] for r in loaded if r["type"] == "alerting"} == alert_names()
     # Phase 2 refused 10 % of 40 requests: the 429-ratio alert must go pending (its
@@ -346,7 +352,6 @@ def test_shipped_rules_evaluate_on_live_data_and_only_the_provoked_alert_is_acti
         lambda: {a["labels"]["alertname"] for a in stack.api("alerts")["alerts"]},
         lambda names: "TokengateHighRateLimitRatio" in names,
         "TokengateHighRateLimitRatio active",
-        15,
     )
     assert active == {"TokengateHighRateLimitRatio"}
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.procs import Gateway, GatewaySpec, Sim
 from tests.support.redis_shapes import cli, cluster, sentinel_setup, server, wait_for
+from tests.support.refill import refilled
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-test-key-0123456789"
@@ -72,8 +73,10 @@ async def test_four_replicas_across_a_redis_restart_stay_within_the_limit(
         gws = replicas(make_gateway, sim, redis.url, 4)
         wait_for(lambda: all(ready(g)["replicas"] == 4 for g in gws), "4 replicas seen")
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as c:
+            began = time.monotonic()
             drain = await asyncio.gather(*(send(c, gws[i % 4]) for i in range(40)))
-            assert Counter(s for _, s in drain)[200] == LIMIT  # the full bucket, exact
+            # the full bucket, exact, plus what refilled while the 40 were sent
+            assert LIMIT <= Counter(s for _, s in drain)[200] <= LIMIT + refilled(began, LIMIT)
             start = time.monotonic()
             results, outage = [], {}
             for n in range(20):  # 20 bursts x 10 = 200 requests over 60 s
@@ -107,10 +110,14 @@ async def test_two_replicas_on_a_three_master_cluster_share_limits_exactly(
     with cluster(tmp_path / "cluster") as c:
         gws = replicas(make_gateway, sim, c.url, 2, rpm=20)
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as cl:
+            began = time.monotonic()
             answers = await asyncio.gather(*(send(cl, gws[i % 2]) for i in range(50)))
-        assert Counter(s for _, s in answers) == {200: 20, 429: 30}
+        statuses = Counter(s for _, s in answers)
+        # 20 and not one more, but for what refilled (one every 3 s) while the 50 went out
+        assert set(statuses) == {200, 429} and 20 <= statuses[200] <= 20 + refilled(began, 20)
         assert [ready(g)["state"] for g in gws] == ["shared", "shared"]
-        assert sum(usage(g) for g in gws) == 20  # /admin/usage answers (it was a 500)
+        # /admin/usage answers (it was a 500), with every admitted request
+        assert sum(usage(g) for g in gws) == statuses[200]
         for g in gws:
             text = g.workdir.joinpath("gateway.log").read_text()
             assert "MOVED" not in text and "CROSSSLOT" not in text and "unreachable" not in text

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from app.limits.bucket import Limits
 from app.limits.redis_conn import Call, RedisLink, connect
 from app.limits.redis_store import SETTLE_LAG, RedisState, RedisStore
 from tests.support.redis_shapes import Server, server
+from tests.support.refill import refilled
 
 LIMITS = Limits(requests_per_minute=50, tokens_per_minute=100_000)
 # Slow refills, for the cases that tell a settle from none by what remains
@@ -29,21 +29,17 @@ FEW_REQUESTS = Limits(requests_per_minute=6, tokens_per_minute=100_000)  # one i
 
 
 class Refill:
-    """What a bucket may have refilled since the test started it. Redis' clock (TIME)
-    refills the shared buckets and no test can stop it, so a bound on what remains
-    allows exactly the time the test took: it holds at any speed of the machine."""
+    """What a key's buckets may have refilled since the test started them (Redis' clock,
+    which no test can stop: see tests/support/refill.py)."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits, self.started = limits, time.monotonic()
 
-    def _since(self, per_minute: int) -> int:
-        return math.ceil((time.monotonic() - self.started) * per_minute / 60)
-
     def requests(self) -> int:
-        return self._since(self.limits.requests_per_minute)
+        return refilled(self.started, self.limits.requests_per_minute)
 
     def tokens(self) -> int:
-        return self._since(self.limits.tokens_per_minute)
+        return refilled(self.started, self.limits.tokens_per_minute)
 
 
 class Tasks:
