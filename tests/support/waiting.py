@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 PATIENCE = 90.0  # seconds: far past any wait that a slow machine makes honestly
 
@@ -34,10 +34,16 @@ def wait_until(
         time.sleep(0.05)
 
 
-async def eventually(check: Callable[[], bool], what: str, *, timeout: float = PATIENCE) -> None:
-    """`wait_until` for a test whose own requests run on the event loop meanwhile."""
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], what: str, *, timeout: float = PATIENCE
+) -> None:
+    """`wait_until` for a test whose own requests run on the event loop meanwhile; the
+    check may be a coroutine function (an in-process gateway asked over ASGI)."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        done = check()
+        if done if isinstance(done, bool) else await done:
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.02)

@@ -20,6 +20,7 @@ from app.main import create_app
 from app.metrics import Metrics, new_registry
 from app.runtime import compile_runtime
 from tests.support.inproc import CHAT_OK, Lifespan, local_settings, mock_transport
+from tests.support.waiting import eventually
 
 GOOD = "tg-unit-good-key-0123456789"
 LATE = "tg-unit-late-key-0123456789"
@@ -182,7 +183,12 @@ async def test_a_full_queue_is_counted_under_its_domain(
         asyncio.ensure_future(client.post("/v1/chat/completions", json=CHAT, headers=auth(GOOD)))
         for _ in range(2)
     ]
-    await asyncio.sleep(0.1)
+
+    async def line_full() -> bool:  # one at the upstream, one queued: the queue is full
+        domain = (await client.get("/health/ready")).json()["domains"]["default"]
+        return bool(domain["inflight"] == 1 and domain["queue_depth"] == 1)
+
+    await eventually(line_full, "one request in flight and one queued")
     r = await client.post("/v1/chat/completions", json=CHAT, headers=auth(GOOD))
     release.set()
     await asyncio.gather(*busy)
