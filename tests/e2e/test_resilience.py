@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from tests.support.procs import Gateway, GatewaySpec, Sim
+from tests.support.waiting import eventually, wait_until
 
 Make = Callable[..., Gateway]
 PING = [{"role": "user", "content": "ping"}]
@@ -28,6 +29,16 @@ def post(gw: Gateway, body: dict[str, object], timeout: float = 30) -> httpx.Res
     return httpx.post(
         f"{gw.url}/v1/chat/completions", json=body, headers=gw.headers(), timeout=timeout
     )
+
+
+def cancelled(sim: Sim) -> bool:
+    """The upstream saw its one chat request's client leave."""
+    records = sim.records("/v1/chat/completions")
+    return bool(records and records[0]["cancelled"])
+
+
+def inflight(gw: Gateway) -> int:
+    return int(httpx.get(f"{gw.url}/health/ready").json()["domains"]["domain-a"]["inflight"])
 
 
 def fast_retries(**extra: object) -> dict[str, object]:
@@ -226,33 +237,28 @@ def test_client_disconnect_mid_stream_cancels_the_upstream(
         lines = r.iter_lines()
         for _ in range(6):
             next(lines)
-    deadline = time.monotonic() + 5
-    while not sim.records("/v1/chat/completions")[0]["cancelled"]:
-        assert time.monotonic() < deadline, "the upstream generation kept running"
-        time.sleep(0.05)
-    time.sleep(0.3)
-    ready = httpx.get(f"{gw.url}/health/ready").json()["domains"]["domain-a"]
-    assert ready["inflight"] == 0
+    wait_until(lambda: cancelled(sim), "the upstream to see its generation cancelled")
+    wait_until(lambda: inflight(gw) == 0, "the gateway to free the slot")
 
 
 def test_client_disconnect_cancels_a_non_stream_upstream_call(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:
-    sim = make_sim("--latency-ms", "3000")
+    # an answer far later than any run of the test: only a cancel ends the upstream's wait
+    sim = make_sim("--latency-ms", "60000")
     gw = make_gateway(GatewaySpec(), sim.url)
     with pytest.raises(httpx.ReadTimeout):
         post(gw, chat(), timeout=0.5)
-    deadline = time.monotonic() + 3
-    while not sim.records("/v1/chat/completions")[0]["cancelled"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: cancelled(sim), "the upstream to see the call cancelled")
 
 
 def test_sigterm_drains_streams_in_flight_and_exits_0(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:
-    sim = make_sim("--tokens-per-sec", "20", "--reply-tokens", "30")
-    gw = make_gateway(GatewaySpec(settings={"server": {"drain_delay_sec": 0.5}}), sim.url)
+    # streams of 3 s: long enough to be in flight while readiness is asked, on any machine
+    sim = make_sim("--tokens-per-sec", "10", "--reply-tokens", "30")
+    # a drain delay the readiness poll falls into however slow the machine (then the exit)
+    gw = make_gateway(GatewaySpec(settings={"server": {"drain_delay_sec": 3}}), sim.url)
 
     async def stream() -> list[str]:
         async with (
@@ -266,17 +272,19 @@ def test_sigterm_drains_streams_in_flight_and_exits_0(
         ):
             return [line async for line in r.aiter_lines() if line]
 
-    async def scenario() -> tuple[list[list[str]], int]:
-        tasks = [asyncio.ensure_future(stream()) for _ in range(4)]
-        await asyncio.sleep(0.4)
-        gw.proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.2)
+    async def not_ready() -> bool:
         async with httpx.AsyncClient() as c:
-            ready = (await c.get(f"{gw.url}/health/ready")).status_code
-        return list(await asyncio.gather(*tasks)), ready
+            return (await c.get(f"{gw.url}/health/ready")).status_code == 503
 
-    streams, ready_during_drain = asyncio.run(scenario())
-    assert ready_during_drain == 503
+    async def scenario() -> list[list[str]]:
+        tasks = [asyncio.ensure_future(stream()) for _ in range(4)]
+        await eventually(lambda: sim.stats()["inflight"] == 4, "the four streams started")
+        gw.proc.send_signal(signal.SIGTERM)
+        # draining: readiness says 503 while the streams in flight go on
+        await eventually(not_ready, "readiness to turn 503 during the drain")
+        return list(await asyncio.gather(*tasks))
+
+    streams = asyncio.run(scenario())
     for lines in streams:
         assert lines[-1] == "data: [DONE]"
         assert sum(1 for x in lines if x.startswith("data: {")) >= 30
