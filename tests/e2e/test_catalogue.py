@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tests.support.procs import (
     free_port,
     run_cli,
 )
+from tests.support.waiting import eventually, wait_until
 
 Make = Callable[..., Gateway]
 PING = [{"role": "user", "content": "ping"}]
@@ -30,11 +30,8 @@ VERSIONED = ("--models", "claude-sonnet-4-6,gpt-4o-2024-08-06")
 ALIASES = {"model_aliases": {"claude-sonnet": "claude-sonnet-4-6", "gpt-4o": "gpt-4o-2024-08-06"}}
 
 
-def _wait(check: Callable[[], bool], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+def _wait(check: Callable[[], bool]) -> None:
+    wait_until(check, "the reload to take effect")
 
 
 def test_aliases_resolve_to_versioned_ids(make_sim: Callable[..., Sim], make_gateway: Make) -> None:
@@ -209,7 +206,7 @@ async def test_upstream_key_rotation_by_secret_file_and_sighup(
                 outcomes.append(repr(exc))
 
     task = asyncio.ensure_future(load())
-    await asyncio.sleep(0.3)
+    await eventually(lambda: bool(sim.records("/v1/chat/completions")), "a request on the old key")
     (secrets / "TAOTOKEN_API_KEY").write_text("sk-after-rotation\n")
     gw.proc.send_signal(signal.SIGHUP)
     seen = lambda: sim.records("/v1/chat/completions")[-1]["headers"]["authorization"]  # noqa: E731

@@ -39,7 +39,7 @@ from tests.e2e.chaos._support import (
     stream_chat,
 )
 from tests.support.procs import Gateway, GatewaySpec, Redis, Sim, start_sim
-from tests.support.waiting import wait_until
+from tests.support.waiting import PATIENCE, eventually, wait_until
 
 NO_FALLBACK = {"model_route": {"fallback": None}}
 CALM_BREAKER = {"breaker": {"failure_threshold": 10_000, "min_requests": 10_000}}
@@ -276,7 +276,7 @@ async def test_upstream_killed_and_restarted_on_the_same_port(
     try:
         # back to serving without a gateway restart (probe every 1 s, breaker 0.5 s)
         polls = Tally()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENCE
         async with aiohttp.ClientSession() as session:
             while polls.statuses.get(200, 0) == 0:
                 assert time.monotonic() < deadline, "never recovered after the upstream came back"
@@ -345,13 +345,24 @@ def test_sigterm_under_load_drains_in_flight_and_queued_work_and_exits_0(
     gw = make_gateway(
         spec(toml={"token_scheduler": {"max_inflight": 4, "queue_capacity": 64}}), sim.url
     )
-    # 4 in flight, 16 queued behind them when the signal arrives; ~0.3 s of work each.
+    # 4 in flight, 16 queued behind them when the signal arrives (the upstream holds its
+    # answers until then, so this holds on any machine); ~0.3 s of work each.
     bodies = mixed(20)
 
+    def lined_up() -> bool:
+        domain = httpx.get(f"{gw.url}/health/ready").json()["domains"]["domain-a"]
+        return bool(domain["inflight"] == 4 and domain["queue_depth"] == 16)
+
+    def draining() -> bool:
+        return httpx.get(f"{gw.url}/health/ready").status_code == 503
+
     async def scenario() -> Tally:
+        sim.faults(hold=True)  # the upstream answers nothing until the signal has landed
         task = asyncio.ensure_future(burst(gw, bodies, concurrency=20, keep_body=True))
-        await asyncio.sleep(0.3)
+        await eventually(lined_up, "4 requests in flight and 16 queued")
         gw.proc.send_signal(signal.SIGTERM)
+        await eventually(draining, "the gateway to begin its drain")
+        sim.faults()
         return await task
 
     tally = asyncio.run(scenario())
