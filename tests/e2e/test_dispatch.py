@@ -8,6 +8,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -34,8 +35,16 @@ def histogram(metrics: str, name: str, domain: str) -> dict[float, float]:
     return out
 
 
-def queue_depth(gw: Gateway, domain: str = "domain-a") -> int:
-    return int(httpx.get(f"{gw.url}/health/ready").json()["domains"][domain]["queue_depth"])
+def ready_domain(gw: Gateway, domain: str = "domain-a") -> dict[str, Any]:
+    return dict(httpx.get(f"{gw.url}/health/ready").json()["domains"][domain])
+
+
+def queue_depth(gw: Gateway) -> int:
+    return int(ready_domain(gw)["queue_depth"])
+
+
+def inflight(gw: Gateway) -> int:
+    return int(ready_domain(gw)["inflight"])
 
 
 async def post_all(
@@ -150,29 +159,28 @@ async def test_two_equal_keys_flooding_share_within_ten_percent(
 
 
 async def test_client_that_leaves_while_queued_never_reaches_upstream(
-    make_sim: Callable[..., Sim], make_gateway: Make
+    sim: Sim, make_gateway: Make
 ) -> None:
-    sim = make_sim("--latency-ms", "800")
     gw = make_gateway(GatewaySpec(toml={"token_scheduler": {"max_inflight": 1}}), sim.url)
-    async with httpx.AsyncClient(timeout=30) as c:
+    sim.faults(hold=True)  # "first" stays in flight until the queued one has left
+    async with httpx.AsyncClient(timeout=60) as c:
         first = asyncio.ensure_future(
             c.post(f"{gw.url}/v1/chat/completions", json=body(text="first"), headers=gw.headers())
         )
-        await asyncio.sleep(0.2)
-        with pytest.raises(httpx.ReadTimeout):
-            await c.post(
-                f"{gw.url}/v1/chat/completions",
-                json=body(text="gone"),
-                headers=gw.headers(),
-                timeout=0.3,
-            )
+        await eventually(lambda: sim.stats()["inflight"] == 1, "the first request upstream")
+        gone = asyncio.ensure_future(
+            c.post(f"{gw.url}/v1/chat/completions", json=body(text="gone"), headers=gw.headers())
+        )
+        await eventually(lambda: queue_depth(gw) == 1, "the second request queued")
+        gone.cancel()  # the client leaves: its connection is closed
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        await eventually(lambda: queue_depth(gw) == 0, "the gateway to drop the queued request")
+        sim.faults()
         assert (await first).status_code == 200
-    await asyncio.sleep(0.5)
+    await eventually(lambda: inflight(gw) == 0, "the slot to be free")
     sent = [r["body"]["messages"][0]["content"] for r in sim.records("/v1/chat/completions")]
     assert sent == ["first"]
-    ready = httpx.get(f"{gw.url}/health/ready").json()
-    assert ready["domains"]["domain-a"]["queue_depth"] == 0
-    assert ready["domains"]["domain-a"]["inflight"] == 0
 
 
 async def test_pacing_to_the_domain_quota_avoids_upstream_429(
