@@ -4,12 +4,12 @@ cap together, queue (never refuse) what is over it, and learn a live cap set on 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import httpx
 
 from tests.support.procs import Gateway, GatewaySpec, Redis, Sim
+from tests.support.waiting import wait_until
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-test-key-0123456789"
@@ -30,6 +30,12 @@ async def fan_out(replicas: list[Gateway], n: int) -> list[int]:
             )
         )
     return [r.status_code for r in answers]
+
+
+def agent_cap(gw: Gateway) -> int:
+    status = httpx.get(f"{gw.url}/admin/status", headers={"authorization": f"Bearer {ADMIN}"})
+    (agent,) = [k for k in status.json()["limits"]["keys"] if k["alias"] == "agent"]
+    return int(agent["max_concurrent"])
 
 
 async def test_two_replicas_hold_a_key_to_its_cap_together_and_queue_the_rest(
@@ -54,7 +60,8 @@ async def test_two_replicas_hold_a_key_to_its_cap_together_and_queue_the_rest(
         headers={"authorization": f"Bearer {ADMIN}"},
     )
     assert r.status_code == 200 and r.json()["max_concurrent"] == 1
-    time.sleep(1.5)  # the other replica reads live caps once a second
+    # the other replica reads live caps once a second
+    wait_until(lambda: agent_cap(replicas[1]) == 1, "the other replica to read the live cap")
     sim.clear()
     assert await fan_out(replicas, 4) == [200] * 4
     assert sim.stats()["peak_inflight"] == 1
