@@ -5,6 +5,8 @@ dispatcher on a real event loop)."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +17,7 @@ from app.errors import ServiceUnavailable
 from app.kinds import QueueClass
 from app.limits.pacing import LocalPacer, PaceState, Throttle
 from app.metrics import Metrics, new_registry
+from tests.support.clock import FakeClock
 
 
 def job(key: str, priority: QueueClass = QueueClass.NORMAL, cost: int = 100) -> Job:
@@ -82,7 +85,9 @@ async def test_a_cancelled_requeued_job_is_skipped() -> None:
     assert len(q) == 1 and keys(q, 1) == ["b"] and q.pop() is None
 
 
-def dispatcher(pacer: LocalPacer, max_wait_ms: int = 5000) -> Dispatcher:
+def dispatcher(
+    pacer: LocalPacer, max_wait_ms: int = 5000, clock: Callable[[], float] = time.monotonic
+) -> Dispatcher:
     d = Dispatcher(
         "d",
         group_size=4,
@@ -92,18 +97,20 @@ def dispatcher(pacer: LocalPacer, max_wait_ms: int = 5000) -> Dispatcher:
         max_inflight=4,
         pacer=pacer,
         metrics=Metrics(new_registry()),
+        clock=clock,
     )
     d.start()
     return d
 
 
 async def test_requeued_requests_wait_for_the_cool_down_and_go_before_newcomers() -> None:
-    pacer = LocalPacer(PaceState(None, None, 1.0))
-    d = dispatcher(pacer)
-    loop = asyncio.get_running_loop()
+    # The pacer's and the dispatcher's clock is the test's: the cool-down lasts until the
+    # test moves it on, however long the machine takes meanwhile.
+    clock = FakeClock(100.0)
+    pacer = LocalPacer(PaceState(None, None, 1.0), clock)
+    d = dispatcher(pacer, clock=clock)
     slot = await d.acquire("a", QueueClass.NORMAL, 1)
     await pacer.throttled(Throttle(0.2, slot.sent_at))
-    started = loop.time()
     again = asyncio.ensure_future(d.requeue(slot))
     newcomer = asyncio.ensure_future(d.acquire("b", QueueClass.NORMAL, 1))
     await asyncio.sleep(0.05)
@@ -111,9 +118,9 @@ async def test_requeued_requests_wait_for_the_cool_down_and_go_before_newcomers(
     order: list[str] = []
     again.add_done_callback(lambda _: order.append("requeued"))
     newcomer.add_done_callback(lambda _: order.append("newcomer"))
+    clock.advance(0.2)  # the cool-down is over
     first = await again
     second = await newcomer
-    assert loop.time() - started >= 0.19
     assert order == ["requeued", "newcomer"]
     first.release()
     second.release()
@@ -133,23 +140,22 @@ async def test_the_queue_wait_counts_from_the_first_arrival() -> None:
 
 
 async def test_only_max_queue_wait_ends_a_requeued_wait() -> None:
-    pacer = LocalPacer(PaceState(None, None, 1.0))
-    d = dispatcher(pacer, max_wait_ms=300)
+    clock = FakeClock(100.0)
+    pacer = LocalPacer(PaceState(None, None, 1.0), clock)
+    d = dispatcher(pacer, max_wait_ms=300, clock=clock)
     slot2 = await d.acquire("b", QueueClass.NORMAL, 1)
     await pacer.throttled(Throttle(0.05, slot2.sent_at))
     with pytest.raises(ServiceUnavailable) as expired:
-        # Fits the deadline, but the domain cools down again and again meanwhile.
-        await asyncio.gather(d.requeue(slot2), _keep_cooling(pacer, 0.6))
+        # Fits the deadline, but the domain cools down again meanwhile, and the test's
+        # clock never lets that cool-down end: only the queue's own deadline can.
+        await asyncio.gather(d.requeue(slot2), _cool_again(pacer))
     assert expired.value.code == "queue_timeout"
     await d.stop()
 
 
-async def _keep_cooling(pacer: LocalPacer, seconds: float) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    while loop.time() < end:
-        pacer.state._cool(pacer.now() + 0.1)
-        await asyncio.sleep(0.05)
+async def _cool_again(pacer: LocalPacer) -> None:
+    await asyncio.sleep(0)  # the requeue has checked the deadline and waits
+    pacer.state._cool(pacer.now() + 3600)
 
 
 async def test_requeues_after_later_turns_do_not_let_a_key_starve_the_others() -> None:
