@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from app.gateway import Gateway
+from app.limits.store import MemoryStore
 from app.metrics import Metrics, new_registry
 from app.runtime import compile_runtime
 from tests.support.clock import FakeClock
@@ -45,6 +46,7 @@ async def make_local_gateway(tmp_path: Path) -> AsyncIterator[MakeGateway]:
         *,
         handler: Handler | None = None,
         upstream_key: str = "sk-upstream",
+        clock: FakeClock | None = None,
     ) -> Gateway:
         runtime = compile_runtime(
             local_settings(tmp_path, settings), {"TAOTOKEN_API_KEY": upstream_key}, no_auth=True
@@ -53,6 +55,8 @@ async def make_local_gateway(tmp_path: Path) -> AsyncIterator[MakeGateway]:
             runtime,
             Metrics(new_registry()),
             transport_factory=mock_transport(handler) if handler is not None else None,
+            # the limit buckets on the test's clock: no refill while a slow machine runs it
+            store=MemoryStore(clock) if clock is not None else None,
         )
         built.append(gateway)
         return gateway

@@ -20,6 +20,7 @@ from app.limits.estimate import chat_prompt_tokens
 from app.pipeline.answer import JsonAnswer, StreamAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
+from tests.support.clock import FakeClock
 from tests.support.inproc import MakeGateway, ledger_rows
 
 PRICED = {
@@ -48,7 +49,8 @@ Make = Callable[..., Gateway]
 @pytest.fixture
 def make(make_local_gateway: MakeGateway) -> Make:
     def build(handler: Any, **extra: Any) -> Gateway:
-        return make_local_gateway({**PRICED, **extra}, handler=handler)
+        # the key's rate-limit buckets stand still: what remains is exact at any speed
+        return make_local_gateway({**PRICED, **extra}, handler=handler, clock=FakeClock())
 
     return build
 
