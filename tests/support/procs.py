@@ -57,6 +57,9 @@ def wait_http(
         except httpx.HTTPError as exc:
             last = exc
         time.sleep(0.05)
+    if proc is not None:  # a process that never answered is not left behind
+        proc.kill()
+        proc.wait()
     raise TimeoutError(f"{url} did not answer in {timeout}s (last: {last!r})")
 
 
