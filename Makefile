@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps codex-cli claude-code bench-deps demo test test-fast test-loaded test-unit test-e2e lint format docs bench clean
+.PHONY: help install system-deps codex-cli claude-code bench-deps demo test test-fast test-loaded test-unit test-e2e lint format docs bench cost-guard cost-budgets clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -64,8 +64,8 @@ claude-code: ## install Claude Code (npm, pinned) for its e2e test; Node/npm fro
 	  npm install --prefix $(CLAUDE_CODE_DIR) --no-audit --no-fund --loglevel=error \
 	    @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
 
-bench-deps: system-deps ## also install nginx, wrk and valgrind (Debian) and py-spy (pip) when missing
-	$(call apt,nginx:nginx wrk:wrk valgrind:valgrind)
+bench-deps: system-deps ## also install nginx, wrk, valgrind, faketime (Debian) and py-spy (pip) when missing
+	$(call apt,nginx:nginx wrk:wrk valgrind:valgrind faketime:faketime)
 	@test -x $(BIN)/py-spy || $(BIN)/python -m pip install -q py-spy  # tests.bench.profile
 
 PORT ?= 8080
@@ -113,6 +113,17 @@ docs: install ## regenerate the README's configuration reference from the schema
 
 bench: install bench-deps ## side-by-side benchmark (results under tests/bench/results/)
 	$(BIN)/python -m tests.bench.run
+
+# The hot path's cost guard (tests/bench/guard.py): instructions per request under callgrind
+# for fixed scenarios, against tests/bench/budgets.toml; `.ci/run` runs it after the suite.
+cost-guard: install system-deps ## instructions per request under callgrind; fails > 3 % over tests/bench/budgets.toml
+	$(call apt,valgrind:valgrind callgrind_control:valgrind faketime:faketime)
+	$(BIN)/python -m tests.bench.guard
+
+WHY ?=
+cost-budgets: install system-deps ## measure and write the budgets (WHY="what bought it": needed to raise one)
+	$(call apt,valgrind:valgrind callgrind_control:valgrind faketime:faketime)
+	$(BIN)/python -m tests.bench.guard --update --why "$(WHY)"
 
 clean: ## remove the venv, caches and local state
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache var tests/bench/results .cache

@@ -85,7 +85,17 @@ def _fmt(x: float | None, unit: str = "") -> str:
 def _throughput(r: Results) -> list[Target]:
     tg, ng, ll = (rps(r, "json", s, 64) for s in (TG, "nginx-proxy", "litellm"))
     tg16, tg256 = rps(r, "json", TG, 16), rps(r, "json", TG, 256)
+    floor = rps(r, "json", "floor-relay", 64)
     return [
+        Target(
+            "throughput_vs_floor",
+            ">= 0.65x the floor relay (uvicorn + aiohttp, nothing of tokengate) at c=64 "
+            "(issue 32; tokengate 1 worker / floor-relay, req/s)",
+            ratio(tg, floor),
+            0.65,
+            True,
+            f"tokengate {_fmt(tg)} req/s vs floor-relay {_fmt(floor)} req/s",
+        ),
         Target(
             "throughput_vs_nginx",
             ">= 0.3x nginx at c=64 on the static upstream with the default features on "
