@@ -34,6 +34,8 @@ fallback is skipped for it (app/pipeline/allowance.py).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -50,6 +52,9 @@ from app.limits.shared_spend import SharedSpend
 from app.runtime import KeySpec, Runtime
 
 Slot = tuple[str, str, Period]  # (scope, owner, period)
+# An answer waits at most this long for its hold's settle in Redis (one or two calls of
+# `redis.timeout_ms` each): a safety net, never reached while Redis answers or fails.
+RELEASE_WAIT_SEC = 2.0
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
@@ -70,6 +75,8 @@ class Hold:
     shared: str | None = None  # its id, when held in Redis
     gen: int = -1  # the periods it was made in (`SpendGate._gen`)
     cap: int = 0  # the output allowance held (per choice): at most the `Ask`'s `most`
+    # done once Redis has the settle (or did not answer): the answer's end waits for it
+    released: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,7 @@ class SpendGate:
         if hold.shared is not None:
             self._running.pop(hold.shared, None)
             if self.shared is not None and self.spawn is not None:
+                hold.released = asyncio.get_running_loop().create_future()
                 self.spawn(self._settle_shared(hold, current, actual, windows))
 
     async def _settle_shared(
@@ -232,12 +240,26 @@ class SpendGate:
     ) -> None:
         assert self.shared is not None and hold.shared is not None
         now, durable = self.clock(), self.tally.durable
-        for scope in dict.fromkeys(k[:2] for k in hold.keys):
-            mine = [k for k in hold.keys if k[:2] == scope]
-            ends = [k for k in current if k[:2] == scope]
-            await self.shared.settle(
-                mine, ends, hold.need, actual, hold.shared, durable, windows, now
-            )
+        try:
+            for scope in dict.fromkeys(k[:2] for k in hold.keys):
+                mine = [k for k in hold.keys if k[:2] == scope]
+                ends = [k for k in current if k[:2] == scope]
+                await self.shared.settle(
+                    mine, ends, hold.need, actual, hold.shared, durable, windows, now
+                )
+        finally:
+            if hold.released is not None and not hold.released.done():
+                hold.released.set_result(None)
+
+    @staticmethod
+    async def released(hold: Hold | None) -> None:
+        """Wait until Redis has the hold's settle (or did not answer): an answer ends only
+        after that, so the client's next request, on any replica, never meets the hold
+        of the one before (a budget refused early). Never cancels the settle."""
+        if hold is not None and hold.released is not None and not hold.released.done():
+            # bounded: a settle task cancelled before it ran would never say it is done
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(hold.released), RELEASE_WAIT_SEC)
 
     async def renew(self) -> None:
         """Once a second with Redis: push back the lapse of the holds of requests still

@@ -39,6 +39,7 @@ from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
+from app.limits.spend import SpendGate
 from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.allowance import Allowance
@@ -168,7 +169,9 @@ class Pipeline:
                 clock=self.clock,
             )
         slot.release()
-        return self._json_answer(call, trace, ticket, reply, domain, lease)
+        answer = self._json_answer(call, trace, ticket, reply, domain, lease)
+        await SpendGate.released(ticket.hold)
+        return answer
 
     async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
         """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;

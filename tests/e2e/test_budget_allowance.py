@@ -10,13 +10,17 @@ as from the gateway's ledger, never from the gateway's word alone.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from redis import Redis as RedisClient
 
-from tests.support.procs import Gateway, GatewaySpec, Sim
+from tests.support.procs import Gateway, GatewaySpec, Redis, Sim
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-allowance-key-0123456789"
@@ -153,3 +157,51 @@ def test_a_key_with_a_cost_budget_is_never_served_by_an_unpriced_fallback(
     # a key without a cost budget still falls back to it
     r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=gw.headers("free"))
     assert r.status_code == 200 and r.headers["x-tokengate-domain"] == "b"
+
+
+def held_in_redis(client: RedisClient) -> int:
+    """Tokens held in Redis against the key's budgets (every period)."""
+    names = [n for n in client.scan_iter("tokengate:budget:{key:k}:*") if b":holds" not in n]
+    return sum(int(client.hget(n, "held_t") or 0) for n in names)
+
+
+def ask_once(gw: Gateway, stream: bool) -> tuple[int, str]:
+    """One request, read to its very end: (status, the error message if refused)."""
+    body: dict[str, Any] = {"model": "claude-sonnet", "messages": PROMPT, "max_tokens": 8}
+    if stream:
+        body["stream"] = True
+    url = f"{gw.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=gw.headers(), timeout=60) as r:
+        data = r.read()
+    message = "" if r.status_code == 200 else json.loads(data)["error"]["message"]
+    return r.status_code, message
+
+
+def test_two_replicas_spend_a_budget_to_its_end_not_early(
+    sim: Sim, make_gateway: Make, redis: Redis, tmp_path: Path
+) -> None:
+    """Sequential requests, alternating replicas, streamed and not, on an unpriced model
+    (its holds cost 0): each answer's hold is gone from Redis by the time the client has
+    the answer's end, and the budget is refused only once it is spent."""
+    shared = spec({"period": "day", "max_tokens": 300})
+    shared.settings["database"] = {"path": str(tmp_path / "shared.sqlite3")}
+    shared.env = {"TOKENGATE_REDIS_URL": redis.url}
+    one = make_gateway(shared, sim.url)
+    shared.secrets = one.keys
+    two = make_gateway(shared, sim.url)
+    client = RedisClient.from_url(redis.url)
+    lingering, refusal = [], ""
+    for i in range(60):
+        status, message = ask_once((one, two)[i % 2], stream=i % 3 != 0)
+        if status != 200:
+            assert status == 429, message
+            refusal = message
+            break
+        lingering.append(held_in_redis(client))
+    assert refusal, "the budget was never refused"
+    assert lingering == [0] * len(lingering)  # no hold outlives its answer
+    assert "held by requests in flight" not in refusal  # refused for spend, not for holds
+    figures = re.search(r"has ([\d,]+) tokens of ([\d,]+) .* up to ([\d,]+) tokens", refusal)
+    assert figures is not None, refusal
+    spent, limit, need = (int(v.replace(",", "")) for v in figures.groups())
+    assert limit - need < spent <= limit  # what is left is less than one more request
