@@ -88,6 +88,36 @@ async def test_six_concurrent_requests_never_spend_past_what_the_budget_has_left
         assert len(ok) == 3 and sorted(caps)[1:] == [1400, 1400] and sorted(caps)[0] < 1400
 
 
+@pytest.mark.parametrize("on_short", ["refuse", "cap"])
+async def test_two_replicas_on_redis_hold_whole_allowances_too(
+    make_sim: Callable[..., Sim], make_gateway: Make, redis: Redis, tmp_path: Path, on_short: str
+) -> None:
+    sim = make_sim("--reply-tokens", "1500")
+    shared = spec({"period": "day", "max_tokens": 3000, "on_short": on_short})
+    shared.settings["database"] = {"path": str(tmp_path / "shared.sqlite3")}
+    shared.env = {"TOKENGATE_REDIS_URL": redis.url}
+    one = make_gateway(shared, sim.url)
+    shared.secrets = one.keys
+    two = make_gateway(shared, sim.url)
+    train(one)
+    train(two)
+    client = RedisClient.from_url(redis.url)
+    left, before = 3000 - spent_in_redis(client), billed(sim)
+    answers = [
+        r
+        for pair in await asyncio.gather(six_at_once(one, 1400), six_at_once(two, 1400))
+        for r in pair
+    ]
+    ok = [r for r in answers if r.status_code == 200]
+    assert ok and all(
+        r.json()["error"]["code"] == "budget_exceeded" for r in answers if r not in ok
+    )
+    assert billed(sim) - before <= left  # the sim's books
+    assert spent_in_redis(client) <= 3000 and held_in_redis(client) == 0
+    await asyncio.sleep(2.5)  # flushed to the shared database and read back
+    assert spent(one)[0] <= 3000  # and the ledger's
+
+
 async def test_a_request_without_max_tokens_is_capped_at_what_it_holds(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:
@@ -159,10 +189,14 @@ def test_a_key_with_a_cost_budget_is_never_served_by_an_unpriced_fallback(
     assert r.status_code == 200 and r.headers["x-tokengate-domain"] == "b"
 
 
-def held_in_redis(client: RedisClient) -> int:
+def held_in_redis(client: RedisClient, field: str = "held_t") -> int:
     """Tokens held in Redis against the key's budgets (every period)."""
     names = [n for n in client.scan_iter("tokengate:budget:{key:k}:*") if b":holds" not in n]
-    return sum(int(client.hget(n, "held_t") or 0) for n in names)
+    return sum(int(client.hget(n, field) or 0) for n in names)
+
+
+def spent_in_redis(client: RedisClient) -> int:
+    return held_in_redis(client, "spent_t")
 
 
 def ask_once(gw: Gateway, stream: bool) -> tuple[int, str]:
