@@ -81,6 +81,8 @@ async def test_six_concurrent_requests_never_spend_past_what_the_budget_has_left
     assert all(r.json()["error"]["code"] == "budget_exceeded" for r in refused)
     assert billed(sim) - before <= left  # what the upstream generated and billed
     assert spent(gw)[0] <= limit  # and what the ledger recorded
+    shown = httpx.get(f"{gw.url}/admin/budgets", headers=ADMIN_H).json()["data"][0]["budgets"]
+    assert shown[0]["on_short"] == on_short
     caps = [r["body"].get("max_tokens") for r in sim.records("/v1/chat/completions")[6:]]
     if on_short == "refuse":
         assert caps == [1400] * len(ok)  # each held its whole allowance, or was refused
