@@ -281,7 +281,7 @@ def _budgets(
         for metric, limit in limits:
             if not limit:
                 continue
-            budget = Budget(scope, owner, cfg.period, metric, limit)  # type: ignore[arg-type]
+            budget = Budget(scope, owner, cfg.period, metric, limit, cfg.on_short)  # type: ignore[arg-type]
             if any(b.name == budget.name for b in out):
                 problems.append(
                     Problem(

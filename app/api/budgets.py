@@ -146,6 +146,7 @@ def _budget(state: BudgetState, calendar: Calendar) -> dict[str, object]:
         "period": b.period,
         "metric": b.metric,
         "limit": show(b.limit),
+        "on_short": b.on_short,
         "configured_limit": None if state.configured is None else show(state.configured),
         "override": None
         if override is None

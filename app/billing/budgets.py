@@ -1,12 +1,14 @@
 """Budgets: what a key or team may spend per period, and the arithmetic of holding to it.
 
 A budget caps one metric (`cost` in nano-units, or `tokens`) of one scope (a key or a
-team) over one calendar period (periods.py). Admission reserves a request's estimate
-against every budget of its key and of the key's team, and only if every one of them
-still has room for it (`used + estimate <= limit`); the answer settles the reservation
-to what was consumed. So the spend of a period can pass its limit only by the amount
-the requests in flight consumed beyond their estimates (the estimate is the prompt
-estimate and the whole output allowance, so that is rare and small).
+team) over one calendar period (periods.py). Admission reserves what a request may
+consume (`Ask`: the prompt estimate plus its whole output allowance, never a trainable
+estimate) against every budget of its key and of the key's team, and only if every one
+of them still has room for it (`used + need <= limit`); the answer settles the
+reservation to what was consumed. Where less is left than the allowance, a budget with
+`on_short = "cap"` lowers the output cap the gateway sends upstream to what fits, one
+with `"refuse"` refuses (`fit`). So the spend of a period can pass its limit only by what
+the gateway cannot cap: its prompt estimate's error and failed attempts' prompts.
 
 The `Tally` is one process's view, per (scope, owner, period id):
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from app.billing.periods import Period, Window
+from app.config.section import OnShort
 
 Metric = Literal["cost", "tokens"]
 Scope = Literal["key", "team"]
@@ -45,6 +48,36 @@ class Amount(NamedTuple):
 ZERO = Amount(0, 0)
 
 
+class Ask(NamedTuple):
+    """What a request may consume: `base` (its prompt), plus `unit` per output token of
+    its allowance (per token and choice: all choices' cost and tokens), up to `most`."""
+
+    base: Amount
+    unit: Amount = ZERO
+    most: int = 0
+
+    def need(self, k: int) -> Amount:
+        """Held for an output cap of `k` tokens."""
+        return Amount(self.base.cost + k * self.unit.cost, self.base.tokens + k * self.unit.tokens)
+
+
+def fit(ask: Ask, rooms: Sequence[tuple[int, int, bool]]) -> int:
+    """The output cap every budget has room for, or -1 - i when budget i refuses.
+
+    `rooms`, per budget, per metric index: (room left: limit - spent - held, the
+    metric's index 0 cost | 1 tokens, may cap). Budgets that may cap lower the cap to
+    what fits them; every budget must then hold the request at that cap. No room for a
+    single output token (of a request that generates) refuses too."""
+    k = ask.most
+    for room, i, may_cap in rooms:
+        if may_cap and ask.unit[i] > 0:
+            k = min(k, (room - ask.base[i]) // ask.unit[i])
+    for n, (room, i, _) in enumerate(rooms):
+        if ask.base[i] + max(k, 0) * ask.unit[i] > room or (k < 1 and ask.most > 0):
+            return -1 - n
+    return k
+
+
 @dataclass(frozen=True)
 class Budget:
     scope: Scope
@@ -52,6 +85,7 @@ class Budget:
     period: Period
     metric: Metric
     limit: int  # nano-units for cost, tokens for tokens
+    on_short: OnShort = "refuse"  # less left than a request's allowance: refuse or cap it
 
     @property
     def name(self) -> str:
@@ -95,7 +129,16 @@ class Tally:
         self, budgets: Iterable[Budget], windows: Mapping[Period, Window], need: Amount
     ) -> Over | None:
         """The first budget `need` does not fit in, or None when all have room."""
+        found = self.fit(budgets, windows, Ask(need))
+        return found if isinstance(found, Over) else None
+
+    def fit(
+        self, budgets: Iterable[Budget], windows: Mapping[Period, Window], ask: Ask
+    ) -> Over | int:
+        """The output cap `ask` gets (`fit`), or the budget that refuses it."""
         base, since, reserved = self.base, self.since, self.reserved
+        rows: list[tuple[Budget, Window, int, int]] = []
+        rooms: list[tuple[int, int, bool]] = []
         for budget in budgets:
             window = windows[budget.period]
             key = (budget.scope, budget.owner, window.id)
@@ -104,9 +147,13 @@ class Tally:
             if key in since:
                 spent += since[key][i]
             held = reserved[key][i] if key in reserved else 0
-            if spent + held + need[i] > budget.limit:
-                return Over(budget, window, spent, held, need[i])
-        return None
+            rows.append((budget, window, spent, held))
+            rooms.append((budget.limit - spent - held, i, budget.on_short == "cap"))
+        k = fit(ask, rooms)
+        if k >= 0:
+            return k
+        budget, window, spent, held = rows[-1 - k]
+        return Over(budget, window, spent, held, ask.need(ask.most).of(budget.metric))
 
     def reserve(self, keys: Sequence[SpendKey], amount: Amount) -> None:
         _add(self.reserved, keys, amount, 1)

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
 
-from app.config.section import Money, PositiveInt, Section, TeamName
+from app.config.section import Money, OnShort, PositiveInt, Section, TeamName
 
 
 class BudgetConfig(Section):
@@ -22,6 +22,13 @@ class BudgetConfig(Section):
     )
     max_tokens: PositiveInt | None = Field(
         None, description="Most tokens per period (prompt + completion, cached counted once)."
+    )
+    on_short: OnShort = Field(
+        "refuse",
+        description="A request reserves its whole output allowance (`max_tokens`, else "
+        "`rate_limit.default_max_tokens`, which the gateway then sends upstream); when less "
+        "than that is left: `refuse` (429 `budget_exceeded`) or `cap` (the output cap sent "
+        "upstream is lowered to what is left; refused only when not one token is).",
     )
 
     @model_validator(mode="after")

@@ -10,8 +10,9 @@ streamed), and hands the entry to the usage ledger (in memory at once, durable w
 `ledger.flush_interval_sec`).
 
 Budgets (spend.py) are held the same way, after the rate limits: a request refused by a
-budget gives its rate-limit reservation back, and one admitted holds its estimated cost
-and tokens until `settle` replaces them with what it consumed.
+budget gives its rate-limit reservation back, and one admitted holds the cost and tokens
+of its prompt and whole output allowance (never the trainable estimate the rate limits
+use) until `settle` replaces them with what it consumed.
 
 Without Redis and with `--workers N`, each worker enforces 1/N of every limit, so
 the total never silently becomes N times the configured one (logged at start).
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from app.billing.budgets import ZERO, Amount
+from app.billing.budgets import ZERO, Amount, Ask
 from app.errors import GatewayError, RateLimited
 from app.limits.bucket import Decision, Limits, Remaining
 from app.limits.ledger import Ledger, UsageEntry
@@ -84,9 +85,13 @@ class Admission:
             max(1, base.tokens_per_minute // self.divisor),
         )
 
-    async def admit(self, key: KeySpec, cost: int, spend: int | None = 0) -> Ticket:
-        """Reserve `cost` tokens, then `spend` (estimated nano-units; None: the model has
-        no price) and the tokens against the key's and its team's budgets."""
+    async def admit(
+        self, key: KeySpec, cost: int, ask: Ask | None = None, *, priced: bool = True
+    ) -> Ticket:
+        """Reserve `cost` tokens against the rate limits, then `ask` (what the request
+        may consume: its prompt and whole output allowance, in cost and tokens; default
+        `cost` tokens) against the key's and its team's budgets (`priced`: False when
+        the model has no price, which a cost budget refuses)."""
         limits = self.limits_for(key)
         decision = await self.store.reserve(key.alias, limits, cost)
         self.seen[key.alias] = (decision, self.clock())
@@ -94,8 +99,8 @@ class Admission:
             ticket = Ticket(key.alias, limits, cost, decision)
             if self.spend is not None:
                 try:
-                    need = Amount(spend or 0, cost)
-                    ticket.hold = await self.spend.reserve(key, need, priced=spend is not None)
+                    need = Ask(Amount(0, cost)) if ask is None else ask
+                    ticket.hold = await self.spend.reserve(key, need, priced=priced)
                 except GatewayError:  # the rate limits' reservation goes back
                     self.store.settle(key.alias, limits, -cost, -1)
                     raise

@@ -14,10 +14,14 @@
 -- of its requests still running (`renew`), and a renewal of a hold already settled is a
 -- no-op. Redis' clock (TIME) times the holds.
 --
--- reserve: ARGV = {"reserve", need_c, need_t, id, hold_ms,
---                  then per key: base_c, base_t, limit_c, limit_t, ttl_ms}  (limit -1: none)
---          -> {1}                                              held in every hash
+-- reserve: ARGV = {"reserve", base_c, base_t, unit_c, unit_t, most, id, hold_ms,
+--                  then per key: dbase_c, dbase_t, limit_c, limit_t, cap_c, cap_t, ttl_ms}
+--          the request asks base + k x unit for an output cap k <= most (limit -1: none;
+--          cap 1: that budget lowers k to what fits it, else it refuses what does not)
+--          -> {1, k}                                           held at k in every hash
 --          -> {0, i, metric (1 cost | 2 tokens), spent, held}  refused by key i
+-- resize:  ARGV = {"resize", was_c, was_t, now_c, now_t, id, hold_ms}   -> 1
+--          a hold made at `was` becomes `now` (another scope capped the request lower)
 -- settle:  ARGV = {"settle", need_c, need_t, actual_c, actual_t, id,
 --                  then per key: base_c, base_t, release (1|0), add (1|0), ttl_ms}
 --          -> 1
@@ -33,8 +37,8 @@ local function sweep(key, holds)
   for _, member in ipairs(gone) do
     local c, tk = string.match(member, ' (%-?%d+) (%-?%d+)$')
     if c ~= nil and redis.call('ZREM', holds, member) == 1 then
-      redis.call('HINCRBY', key, 'held_c', -tonumber(c))
-      redis.call('HINCRBY', key, 'held_t', -tonumber(tk))
+      redis.call('HINCRBY', key, 'held_c', 0 - tonumber(c))
+      redis.call('HINCRBY', key, 'held_t', 0 - tonumber(tk))
     end
   end
 end
@@ -64,44 +68,78 @@ local n = #KEYS / 2
 
 local op = ARGV[1]
 
+local function member(id, c, tk)
+  return id .. ' ' .. string.format('%.0f', c) .. ' ' .. string.format('%.0f', tk)
+end
+
 if op == 'reserve' then
-  local need_c, need_t = tonumber(ARGV[2]), tonumber(ARGV[3])
-  local member = ARGV[4] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]
-  local lapse = now + tonumber(ARGV[5])
+  local base_c, base_t = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local unit_c, unit_t = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local most = tonumber(ARGV[6])
+  local lapse = now + tonumber(ARGV[8])
+  local rows = {}
+  local k = most
   for i = 1, n do
-    local at = 5 + (i - 1) * 5
+    local at = 8 + (i - 1) * 7
     local key, holds = KEYS[2 * i - 1], KEYS[2 * i]
     local spent_c, spent_t, held_c, held_t = load(key, holds, tonumber(ARGV[at + 1]),
                                                   tonumber(ARGV[at + 2]))
     local limit_c, limit_t = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
-    keep(key, holds, ARGV[at + 5])
-    if limit_c >= 0 and spent_c + held_c + need_c > limit_c then
-      return {0, i, 1, spent_c, held_c}
+    keep(key, holds, ARGV[at + 7])
+    rows[i] = {spent_c, held_c, limit_c, spent_t, held_t, limit_t}
+    if limit_c >= 0 and ARGV[at + 5] == '1' and unit_c > 0 then
+      k = math.min(k, math.floor((limit_c - spent_c - held_c - base_c) / unit_c))
     end
-    if limit_t >= 0 and spent_t + held_t + need_t > limit_t then
-      return {0, i, 2, spent_t, held_t}
+    if limit_t >= 0 and ARGV[at + 6] == '1' and unit_t > 0 then
+      k = math.min(k, math.floor((limit_t - spent_t - held_t - base_t) / unit_t))
     end
   end
+  if most > 0 then k = math.max(k, 1) else k = 0 end
+  local need_c, need_t = base_c + k * unit_c, base_t + k * unit_t
   for i = 1, n do
-    if redis.call('ZADD', KEYS[2 * i], lapse, member) == 1 then
+    local r = rows[i]
+    if r[3] >= 0 and r[1] + r[2] + need_c > r[3] then
+      return {0, i, 1, r[1], r[2]}
+    end
+    if r[6] >= 0 and r[4] + r[5] + need_t > r[6] then
+      return {0, i, 2, r[4], r[5]}
+    end
+  end
+  local m = member(ARGV[7], need_c, need_t)
+  for i = 1, n do
+    if redis.call('ZADD', KEYS[2 * i], lapse, m) == 1 then
       redis.call('HINCRBY', KEYS[2 * i - 1], 'held_c', need_c)
       redis.call('HINCRBY', KEYS[2 * i - 1], 'held_t', need_t)
     end
   end
-  return {1}
+  return {1, k}
+end
+
+if op == 'resize' then
+  local was_c, was_t = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local now_c, now_t = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local lapse = now + tonumber(ARGV[7])
+  for i = 1, n do
+    if redis.call('ZREM', KEYS[2 * i], member(ARGV[6], was_c, was_t)) == 1 then
+      redis.call('ZADD', KEYS[2 * i], lapse, member(ARGV[6], now_c, now_t))
+      redis.call('HINCRBY', KEYS[2 * i - 1], 'held_c', now_c - was_c)
+      redis.call('HINCRBY', KEYS[2 * i - 1], 'held_t', now_t - was_t)
+    end
+  end
+  return 1
 end
 
 if op == 'settle' then
   local need_c, need_t = tonumber(ARGV[2]), tonumber(ARGV[3])
   local actual_c, actual_t = tonumber(ARGV[4]), tonumber(ARGV[5])
-  local member = ARGV[6] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]
+  local m = ARGV[6] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]
   for i = 1, n do
     local at = 6 + (i - 1) * 5
     local key, holds = KEYS[2 * i - 1], KEYS[2 * i]
     load(key, holds, tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]))
-    if ARGV[at + 3] == '1' and redis.call('ZREM', holds, member) == 1 then
-      redis.call('HINCRBY', key, 'held_c', -need_c)
-      redis.call('HINCRBY', key, 'held_t', -need_t)
+    if ARGV[at + 3] == '1' and redis.call('ZREM', holds, m) == 1 then
+      redis.call('HINCRBY', key, 'held_c', 0 - need_c)
+      redis.call('HINCRBY', key, 'held_t', 0 - need_t)
     end
     if ARGV[at + 4] == '1' then
       redis.call('HINCRBY', key, 'spent_c', actual_c)

@@ -8,6 +8,11 @@ nothing it admitted forgotten. Pure, clock injected.
 - **Seed.** A key's local buckets start where this replica last saw the shared ones
   (their level / n, refilled since at the share's rate), never full: an outage is not
   a fresh minute's allowance.
+- **Kept across flaps.** A key's local buckets live on when Redis answers again (only a
+  bucket refilled to full, which a new seed could not undercut, is dropped), and every
+  shared decision lowers them to the shared level / n: a flapping Redis (a call timing
+  out, then answering, then timing out again) continues one bucket, never starts a fresh
+  share per flap or per timed-out call, so the flaps add nothing to a minute's allowance.
 - **Charge on recovery.** What this replica admitted meanwhile is charged to the shared
   buckets (`recover`): the smaller of what it admitted and its buckets' deficit (the
   share minus the level left). The first is exact when the outage was short (the shared
@@ -61,10 +66,19 @@ class Fallback:
 
     # -- while Redis answers --------------------------------------------------------------
     def seen(self, key: str, decision: Decision) -> None:
-        """The shared levels a reservation reported (kept to seed an outage's buckets)."""
-        self._seen[key] = _Seen(
-            float(decision.requests_remaining), float(decision.tokens_remaining), self.clock()
+        """The shared levels a reservation reported: kept to seed an outage's buckets,
+        and a bucket kept from an earlier flap is lowered to them (never raised)."""
+        now = self.clock()
+        seen = self._seen[key] = _Seen(
+            float(decision.requests_remaining), float(decision.tokens_remaining), now
         )
+        local = self._local.get(key)
+        if local is not None:
+            n = self.divisor
+            local.requests.refill(now)
+            local.tokens.refill(now)
+            local.requests.level = min(local.requests.level, seen.requests / n)
+            local.tokens.level = min(local.tokens.level, seen.tokens / n)
 
     # -- during an outage ----------------------------------------------------------------
     def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
@@ -116,21 +130,27 @@ class Fallback:
 
     # -- Redis is back -------------------------------------------------------------------
     def recover(self, lost: bool) -> dict[str, tuple[Limits, int, int]]:
-        """Per key: (limits, tokens, requests) to charge to the shared buckets, and the
-        outage's buckets forgotten. `lost`: Redis came back without its data."""
+        """Per key: (limits, tokens, requests) admitted here since the last recovery, to
+        charge to the shared buckets. The buckets are kept for the next flap (those
+        refilled to full are dropped). `lost`: Redis came back without its data."""
         now = self.clock()
         out: dict[str, tuple[Limits, int, int]] = {}
-        for key, local in self._local.items():
+        for key, local in list(self._local.items()):
+            local.requests.refill(now)
+            local.tokens.refill(now)
             tokens = _charge(local.tokens, local.admitted_tokens, now, lost)
             requests = _charge(local.requests, local.admitted_requests, now, lost)
             if tokens or requests:
                 out[key] = (local.limits, tokens, requests)
-        self._local.clear()
+            local.admitted_requests = local.admitted_tokens = 0.0
+            if _full(local.requests) and _full(local.tokens):
+                del self._local[key]
         return out
 
     @property
     def active(self) -> bool:
-        return bool(self._local)
+        """This replica admitted something locally that is not charged to Redis yet."""
+        return any(v.admitted_requests or v.admitted_tokens for v in self._local.values())
 
     def peek(self, key: str) -> Remaining | None:
         """What this replica's share of a key has left now (None: not used yet)."""
@@ -147,6 +167,10 @@ def _share(limit: int, n: int) -> Bucket:
     bucket = Bucket.full(max(1.0, share), 0.0)
     bucket.rate = share / WINDOW_SEC
     return bucket
+
+
+def _full(bucket: Bucket) -> bool:
+    return bucket.level >= bucket.capacity
 
 
 def _charge(bucket: Bucket, admitted: float, now: float, lost: bool) -> int:

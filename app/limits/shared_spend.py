@@ -2,6 +2,7 @@
 
     reserve: key scope ─► budget.lua ─► team scope ─► budget.lua      (one hash tag each)
                  refused by the team: the key's hold is given back at once
+                 capped lower by the team (`on_short = "cap"`): the key's hold shrinks
     settle:  per scope, the hold released and what was consumed added
     every second: the holds of requests still running are renewed
 
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
-from app.billing.budgets import ZERO, Amount, Budget, Over, SpendKey
+from app.billing.budgets import ZERO, Amount, Ask, Budget, Metric, Over, SpendKey
 from app.billing.periods import Period, Window
 
 HOLD_MS = 15_000  # a hold lapses unless renewed; renewed every second while its request runs
@@ -63,41 +64,51 @@ class SharedSpend:
         self,
         budgets: Sequence[Budget],
         windows: Mapping[Period, Window],
-        need: Amount,
+        ask: Ask,
         durable: Mapping[SpendKey, Amount],
         hold_id: str,
         now: float,
-    ) -> Over | Literal[True] | None:
-        """True: held in every scope; an `Over`: refused (holds given back); None: Redis
-        did not answer (holds already made are given back too)."""
+    ) -> Over | int | None:
+        """The output cap held in every scope (`ask.need(cap)`); an `Over`: refused
+        (holds given back); None: Redis did not answer (holds given back too)."""
         held: list[list[SpendKey]] = []
+        cap = ask.most
         for (scope, owner), group in _by_scope(budgets):
             periods = list(dict.fromkeys(b.period for b in group))
             spends = [(scope, owner, windows[p].id) for p in periods]
-            args: list[object] = ["reserve", need.cost, need.tokens, hold_id, HOLD_MS]
+            args: list[object] = ["reserve", *ask.base, *ask.unit, cap, hold_id, HOLD_MS]
             for period, spend in zip(periods, spends, strict=True):
                 base = durable.get(spend, ZERO)
-                limits = {b.metric: b.limit for b in group if b.period == period}
-                args += [
-                    base.cost,
-                    base.tokens,
-                    limits.get("cost", -1),
-                    limits.get("tokens", -1),
-                    _ttl(windows[period], now),
-                ]
+                of = {b.metric: b for b in group if b.period == period}
+                args += [base.cost, base.tokens, *_limits(of), _ttl(windows[period], now)]
             answer = await self.run(self.keys(spends), args)
             if answer is None or int(answer[0]) != 1:
                 for spent_in in held:
-                    await self.settle(spent_in, [], need, ZERO, hold_id, durable, windows, now)
+                    await self.settle(
+                        spent_in, [], ask.need(cap), ZERO, hold_id, durable, windows, now
+                    )
             if answer is None:
                 return None
             if int(answer[0]) != 1:
                 i, metric, spent, holding = (int(v) for v in answer[1:5])
                 name = "cost" if metric == 1 else "tokens"
                 (budget,) = [b for b in group if b.period == periods[i - 1] and b.metric == name]
-                return Over(budget, windows[budget.period], spent, holding, need.of(budget.metric))
+                need = ask.need(ask.most).of(budget.metric)
+                return Over(budget, windows[budget.period], spent, holding, need)
+            got = int(answer[1])
+            if got < cap:  # this scope has less room: the scopes held before shrink to it
+                for spent_in in held:
+                    await self.resize(spent_in, ask.need(cap), ask.need(got), hold_id)
+                cap = got
             held.append(spends)
-        return True
+        return cap
+
+    async def resize(
+        self, spends: Sequence[SpendKey], was: Amount, now: Amount, hold_id: str
+    ) -> None:
+        """A hold made at `was` becomes `now` (smaller), its lapse pushed back."""
+        args = ["resize", *was, *now, hold_id, HOLD_MS]
+        await self.run(self.keys(spends), args)
 
     async def settle(
         self,
@@ -140,6 +151,17 @@ def _by_scope(budgets: Sequence[Budget]) -> list[tuple[Scope, list[Budget]]]:
     for b in budgets:
         out.setdefault((b.scope, b.owner), []).append(b)
     return list(out.items())
+
+
+def _limits(of: Mapping[Metric, Budget]) -> list[int]:
+    """budget.lua's limit_c, limit_t, cap_c, cap_t of one period (limit -1: none)."""
+    c, t = of.get("cost"), of.get("tokens")
+    return [
+        -1 if c is None else c.limit,
+        -1 if t is None else t.limit,
+        int(c is not None and c.on_short == "cap"),
+        int(t is not None and t.on_short == "cap"),
+    ]
 
 
 def _ttl(w: Window | None, now: float) -> int:

@@ -1,8 +1,11 @@
-"""Budgets at the door: reserve a request's estimated spend, settle it to the actual.
+"""Budgets at the door: reserve what a request may spend, settle it to the actual.
 
-    admit ─► reserve(key, need)   every budget of the key and of its team must have room
-                │                 for `need` (estimated cost and tokens), else 429
-                │                 `budget_exceeded` naming the budget, its figures and reset
+    admit ─► reserve(key, ask)    every budget of the key and of its team must have room
+                │                 for `ask` (the prompt estimate and the whole output
+                │                 allowance, in cost and tokens), else 429 `budget_exceeded`
+                │                 naming the budget, its figures and reset; a budget with
+                │                 `on_short = "cap"` lowers the allowance to what is left
+                │                 (`Hold.cap`: the output cap the pipeline sends upstream)
                 ▼
     finish ─► settle(hold, actual)   the reservation becomes what was consumed
                                      (nothing, if the request never reached the upstream)
@@ -11,11 +14,12 @@
     from the durable spend table, plus this process's unflushed ledger rows
 
 In one process the check and the reservation are one synchronous step, so concurrent
-requests can never jointly pass a budget by more than their estimates were short of
-what they consumed. Several processes (replicas, `--workers N`) without Redis each see
-the others' spend once it is flushed and read back: a budget can then be overshot by
-what the others spend in about two seconds (`ledger.flush_interval_sec` + the 1 s
-refresh), on top of the estimate error. After any restart the spend of the current
+requests can never jointly pass a budget: each holds all it may generate, and the
+gateway sends that cap upstream (only a prompt estimate's error is not capped). Several
+processes (replicas, `--workers N`) without Redis each see the others' spend once it is
+flushed and read back: a budget can then be overshot by what the others spend in about
+two seconds (`ledger.flush_interval_sec` + the 1 s refresh), on top of the estimate
+error. After any restart the spend of the current
 periods is read back from the database before the first request: a spent budget stays
 spent.
 
@@ -24,18 +28,21 @@ and holds, exact across replicas; this process's tally still follows its own req
 and decides alone while Redis does not answer (as without Redis).
 
 A model without a price cannot be counted against a cost budget, so a key (or team)
-with one is refused it (403 `model_not_priced`) instead of spending unseen.
+with one is refused it (403 `model_not_priced`) instead of spending unseen, and such a
+fallback is skipped for it (app/pipeline/allowance.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.billing.budgets import ZERO, Amount, Budget, Over, SpendKey, Tally
+from app.billing.budgets import ZERO, Amount, Ask, Budget, Over, SpendKey, Tally
 from app.billing.periods import Calendar, Period, Window
 from app.billing.prices import render
 from app.db.budgets import BudgetOverride, SpendBook
@@ -45,6 +52,9 @@ from app.limits.shared_spend import SharedSpend
 from app.runtime import KeySpec, Runtime
 
 Slot = tuple[str, str, Period]  # (scope, owner, period)
+# An answer waits at most this long for its hold's settle in Redis (one or two calls of
+# `redis.timeout_ms` each): a safety net, never reached while Redis answers or fails.
+RELEASE_WAIT_SEC = 2.0
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
@@ -64,6 +74,9 @@ class Hold:
     need: Amount
     shared: str | None = None  # its id, when held in Redis
     gen: int = -1  # the periods it was made in (`SpendGate._gen`)
+    cap: int = 0  # the output allowance held (per choice): at most the `Ask`'s `most`
+    # done once Redis has the settle (or did not answer): the answer's end waits for it
+    released: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,8 +141,8 @@ class SpendGate:
         self.keys = {k.alias: k for k in runtime.keys}
 
     # -- admission ------------------------------------------------------------------------
-    async def reserve(self, key: KeySpec, need: Amount, *, priced: bool) -> Hold | None:
-        """Hold `need` against every budget of `key` and its team; None when it has none.
+    async def reserve(self, key: KeySpec, ask: Ask | Amount, *, priced: bool) -> Hold | None:
+        """Hold `ask` against every budget of `key` and its team; None when it has none.
         Raises `BudgetExceeded` (no room) or `ModelNotPriced` (cost unknowable)."""
         now = self.clock()
         budgets = self.budgets_of(key, now)
@@ -142,17 +155,26 @@ class SpendGate:
                 "the model",
                 param="model",
             )
+        if isinstance(ask, Amount):
+            ask = Ask(ask)
         windows = self.windows(now)
         slots, keys = self._slots(key.alias, budgets, windows)
         if self.shared is not None:
-            hold = await self._shared(budgets, windows, slots, keys, need, now)
+            hold = await self._shared(budgets, windows, slots, keys, ask, now)
             if hold is not None:
                 return hold
-        over = self.tally.check(budgets, windows, need)
-        if over is not None:
-            raise self.refusal(over)
+        cap = self.tally.fit(budgets, windows, ask)
+        if isinstance(cap, Over):
+            raise self.refusal(cap)
+        need = ask.need(cap)
         self.tally.reserve(keys, need)
-        return Hold(slots, keys, need, gen=self._gen)
+        return Hold(slots, keys, need, gen=self._gen, cap=cap)
+
+    def costs(self, key: KeySpec, now: float | None = None) -> bool:
+        """The key or its team has a cost budget (an unpriced model's spend would escape
+        it: such a model is refused, and skipped as a fallback)."""
+        now = self.clock() if now is None else now
+        return any(b.metric == "cost" for b in self.budgets_of(key, now))
 
     def _slots(
         self, alias: str, budgets: Sequence[Budget], windows: dict[Period, Window]
@@ -173,20 +195,22 @@ class SpendGate:
         windows: dict[Period, Window],
         slots: tuple[Slot, ...],
         keys: tuple[SpendKey, ...],
-        need: Amount,
+        ask: Ask,
         now: float,
     ) -> Hold | None:
         """Redis decides; None when it did not answer (this process decides alone)."""
         assert self.shared is not None
         hold_id = self.shared.hold_id()
         durable = self.tally.durable
-        decided = await self.shared.reserve(budgets, windows, need, durable, hold_id, now)
+        decided = await self.shared.reserve(budgets, windows, ask, durable, hold_id, now)
         if decided is None:
             return None
-        if decided is not True:
+        if isinstance(decided, Over):
             raise self.refusal(decided)
+        need = ask.need(decided)
         self.tally.reserve(keys, need)  # this process's view, should Redis go away
-        hold = self._running[hold_id] = Hold(slots, keys, need, hold_id, self._gen)
+        hold = Hold(slots, keys, need, hold_id, self._gen, decided)
+        self._running[hold_id] = hold
         return hold
 
     def settle(self, hold: Hold, actual: Amount) -> None:
@@ -204,6 +228,7 @@ class SpendGate:
         if hold.shared is not None:
             self._running.pop(hold.shared, None)
             if self.shared is not None and self.spawn is not None:
+                hold.released = asyncio.get_running_loop().create_future()
                 self.spawn(self._settle_shared(hold, current, actual, windows))
 
     async def _settle_shared(
@@ -215,12 +240,26 @@ class SpendGate:
     ) -> None:
         assert self.shared is not None and hold.shared is not None
         now, durable = self.clock(), self.tally.durable
-        for scope in dict.fromkeys(k[:2] for k in hold.keys):
-            mine = [k for k in hold.keys if k[:2] == scope]
-            ends = [k for k in current if k[:2] == scope]
-            await self.shared.settle(
-                mine, ends, hold.need, actual, hold.shared, durable, windows, now
-            )
+        try:
+            for scope in dict.fromkeys(k[:2] for k in hold.keys):
+                mine = [k for k in hold.keys if k[:2] == scope]
+                ends = [k for k in current if k[:2] == scope]
+                await self.shared.settle(
+                    mine, ends, hold.need, actual, hold.shared, durable, windows, now
+                )
+        finally:
+            if hold.released is not None and not hold.released.done():
+                hold.released.set_result(None)
+
+    @staticmethod
+    async def released(hold: Hold | None) -> None:
+        """Wait until Redis has the hold's settle (or did not answer): an answer ends only
+        after that, so the client's next request, on any replica, never meets the hold
+        of the one before (a budget refused early). Never cancels the settle."""
+        if hold is not None and hold.released is not None and not hold.released.done():
+            # bounded: a settle task cancelled before it ran would never say it is done
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(hold.released), RELEASE_WAIT_SEC)
 
     async def renew(self) -> None:
         """Once a second with Redis: push back the lapse of the holds of requests still

@@ -23,6 +23,7 @@ from typing import NamedTuple, Protocol
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
 from app.limits.admission import Ticket
+from app.limits.spend import SpendGate
 from app.metrics import Metrics
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
@@ -129,6 +130,10 @@ class StreamAnswer:
                 outcome = failure.reason
                 held += self._error_event(f"the upstream stream broke off ({failure.reason})")
             self._ttft()
+            # settled (and the budgets' hold released in Redis) before the end of the
+            # answer reaches the client: its next request never meets this one's hold
+            await self._close(200 if outcome is None else 502, outcome)
+            await SpendGate.released(self._ticket.hold)
             self.ending = True
             yield held
         except BaseException:

@@ -12,9 +12,9 @@
               └► answer: JSON (slot freed now) or stream (slot freed at its end)
           └► finish: settle the reservation with real usage, price it, metrics, one log line
 
-Admission also holds the request's estimated cost against the key's and team's budgets
-(the prompt estimate at the model's input price and the output allowance at its output
-price); `finish` prices what was consumed (`app.billing.prices`) and settles to that.
+Admission also holds what the request may consume against the key's and team's budgets
+(allowance.py: the prompt estimate and the whole output allowance, sent upstream as the
+output cap); `finish` prices what was consumed (`app.billing.prices`) and settles to that.
 
 Everything after admission ends in `finish` exactly once, whatever happens (error,
 client disconnect, stream drop). No FastAPI here: handlers translate HTTP to a
@@ -39,8 +39,10 @@ from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
+from app.limits.spend import SpendGate
 from app.limits.store import Spawn
 from app.metrics import Metrics
+from app.pipeline.allowance import Allowance
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
 from app.pipeline.count import count_tokens
 from app.pipeline.failure import client_error
@@ -85,6 +87,8 @@ class Pipeline:
         self.holds = KeyHolds(admission, metrics, spawn)
         self.sessions = SessionTable()
         self.planner = Planner(domains)
+        self.allowance = Allowance(self.planner)
+        self.allowance.spend = admission.spend
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -106,6 +110,7 @@ class Pipeline:
         self.sessions.load_factor = runtime.settings.affinity.load_factor
         billing = runtime.settings.billing
         self.prices = PriceList(billing.prices, billing.currency)
+        self.allowance.configure(self.prices, self.default_max_tokens)
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
@@ -134,7 +139,9 @@ class Pipeline:
         try:
             requested, first = self.planner.plan(call)
             cost = self.holds.reservation(call)
-            ticket = await self.admission.admit(call.key, cost, self._spend(call, requested, cost))
+            ask, priced = self.allowance.ask(call, requested)
+            ticket = await self.admission.admit(call.key, cost, ask, priced=priced)
+            self.allowance.cap(call, ticket.hold)
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
@@ -162,7 +169,9 @@ class Pipeline:
                 clock=self.clock,
             )
         slot.release()
-        return self._json_answer(call, trace, ticket, reply, domain, lease)
+        answer = self._json_answer(call, trace, ticket, reply, domain, lease)
+        await SpendGate.released(ticket.hold)
+        return answer
 
     async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
         """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;
@@ -177,12 +186,6 @@ class Pipeline:
         return answer
 
     # -- spend ------------------------------------------------------------------------
-    def _spend(self, call: ClientRequest, model: str, tokens: int) -> int | None:
-        """What the request may cost (nano-units): the prompt estimate at the input price,
-        the rest of its token reservation at the output price; None: no price."""
-        prompt = min(call.prompt_tokens, tokens)
-        return self.prices.cost(Tokens(prompt, tokens - prompt), model)
-
     @staticmethod
     def _abandoned(call: ClientRequest, trace: Trace, status: int) -> tuple[int, int]:
         """The client left while the upstream had its (non-streamed) request: the upstream
@@ -220,6 +223,8 @@ class Pipeline:
         plan = chain([(target, first)], self.planner.fallbacks(call, target))
         for i, (model, candidates) in enumerate(plan):
             if i:
+                if not self.allowance.serves(call, model):
+                    continue  # unpriced, and the key has a cost budget
                 self.metrics.record_fallback(target, model)
             ranked = self._order(call, candidates)
             if congested:

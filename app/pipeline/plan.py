@@ -93,6 +93,10 @@ class Planner:
                 )
         return target, first
 
+    def fallback_models(self) -> list[str]:
+        """Every model `model_route.fallback` may send a request to (aliases resolved)."""
+        return [self.aliases.resolve(name, self._listed) for name in self.runtime.fallbacks]
+
     def fallbacks(self, call: ClientRequest, target: str) -> Iterator[tuple[str, list[Domain]]]:
         domains = self.speakers(call.endpoint)
         key = call.key

@@ -89,6 +89,9 @@ class ClientRequest:
     # pipeline took the request (then it writes the request's access-log line itself).
     trace_context: Mapping[str, str] | None = None
     in_pipeline: bool = False
+    # `max_tokens` is the output cap the gateway sends upstream (allowance.py): the
+    # budgets held less than the client asked, or the client asked no cap
+    send_cap: bool = False
     _session: bytes | None = None
 
     @property
@@ -98,6 +101,11 @@ class ClientRequest:
         if self._session is None:
             self._session = session_key(self.body, self.session_header)
         return self._session
+
+    @property
+    def background(self) -> bool:
+        """A Responses API background response (answered `queued`, charged up front)."""
+        return self.endpoint.responses and self.body.get("background") is True
 
     @property
     def queue_class(self) -> QueueClass:
@@ -119,13 +127,25 @@ class ClientRequest:
         completion = self.max_tokens if self.max_tokens is not None else default_max_tokens
         return self.prompt_tokens + completion * self.choices
 
+    def _cap_fields(self) -> tuple[str, ...]:
+        """Where this API takes the output cap (chat: the field(s) the client used)."""
+        if self.endpoint.responses:
+            return ("max_output_tokens",)
+        if self.endpoint is CHAT:
+            used = tuple(f for f in ("max_completion_tokens", "max_tokens") if f in self.body)
+            return used or ("max_tokens",)
+        return ("max_tokens",)
+
     def body_for(self, model: str) -> bytes:
         """The bytes to send upstream for `model`; the client's own when nothing changes."""
         inject = self.strip_usage
-        if model == self.body.get("model") and not inject:
+        if model == self.body.get("model") and not inject and not self.send_cap:
             return self.raw
         body = dict(self.body)
         body["model"] = model
+        if self.send_cap:
+            for name in self._cap_fields():
+                body[name] = self.max_tokens
         if inject:
             opts = body.get("stream_options")
             body["stream_options"] = {

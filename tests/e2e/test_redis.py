@@ -5,6 +5,7 @@ Sentinel failover. Every Redis is a real server on loopback."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -138,3 +139,58 @@ async def test_a_gateway_on_sentinel_follows_a_failover(
         promoted = setup.master_port()
         keys = cli(promoted, "--scan", "--pattern", "tokengate:rl:*")
         assert "tokengate:rl:{k}:requests" in keys  # the limits live on the new master
+
+
+@pytest.mark.slow
+async def test_a_flapping_redis_never_multiplies_a_limit(
+    sim: Sim, make_gateway: Make, tmp_path: Path
+) -> None:
+    """Two replicas share a key at 20 requests/min while Redis flaps: unresponsive
+    (`DEBUG SLEEP`), killed, back (AOF: its data kept), unresponsive again, with bursts
+    of concurrent requests on both replicas while it is away. The drain spends the full
+    bucket first; from then on the minute may hold at most 1.25 x 20 requests that
+    reached the upstream (the sim's own records: what it received, not what the gateway
+    says). Without a degraded-mode bucket kept across flaps, every timed-out call
+    started a fresh share, and each burst got one per request."""
+    rpm = 20
+    debug = ("--enable-debug-command", "local")
+    redis = server(tmp_path / "redis", persist=True, extra=debug)
+    stalls: list[subprocess.Popen[bytes]] = []
+
+    def stall(seconds: float) -> None:
+        stalls.append(redis.stall(seconds))
+
+    try:
+        gws = replicas(make_gateway, sim, redis.url, 2, rpm=rpm)
+        wait_for(lambda: all(ready(g)["replicas"] == 2 for g in gws), "2 replicas seen")
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=128)) as c:
+            drain = await asyncio.gather(*(send(c, gws[i % 2]) for i in range(30)))
+            assert Counter(s for _, s in drain)[200] == rpm  # the full bucket, exact
+            sim.clear()
+            t0, start = time.time(), time.monotonic()
+            # (second, what happens to Redis, then requests per replica at once)
+            plan: list[tuple[float, Callable[[], object] | None, int]] = [
+                (15, lambda: stall(3), 30),  # slow: every call times out
+                (25, redis.kill, 10),  # gone: refused at once
+                (28, None, 10),
+                (32, redis.start, 2),  # back
+                (40, lambda: stall(3), 30),  # slow again
+                (48, lambda: stall(2), 20),
+                (55, None, 10),
+            ]
+            sent: list[asyncio.Task[tuple[float, int]]] = []
+            for at, event, per_replica in plan:
+                await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+                if event is not None:
+                    await asyncio.to_thread(event)
+                sent += [asyncio.create_task(send(c, gws[i % 2])) for i in range(2 * per_replica)]
+            statuses = Counter(s for _, s in await asyncio.gather(*sent))
+        assert set(statuses) <= {200, 429}, statuses  # served throughout, never a 5xx
+        received = [r["at"] for r in sim.records("/v1/chat/completions") if r["at"] >= t0]
+        minute = [at for at in received if at < t0 + 60]
+        assert len(minute) <= 1.25 * rpm, (len(minute), statuses)
+        assert statuses[200] >= 1  # fail open: served while Redis was away
+    finally:
+        for p in stalls:
+            p.wait(10)
+        redis.kill()

@@ -104,6 +104,16 @@ class Server:
         self.kill()
         self.start()
 
+    def stall(self, seconds: float) -> subprocess.Popen[bytes]:
+        """Make the server unresponsive for `seconds` (`DEBUG SLEEP`: the server must run
+        with `--enable-debug-command local`), without waiting for it to end."""
+        cmd = [_exe("redis-cli"), "-h", "127.0.0.1", "-p", str(self.port)]
+        return subprocess.Popen(
+            [*cmd, "DEBUG", "SLEEP", str(seconds)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
     def cli(self, *args: str) -> str:
         if self.password:
             args = ("--no-auth-warning", "-a", self.password, *args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from app.billing.budgets import ZERO, Amount, Budget, Tally
+from app.billing.budgets import ZERO, Amount, Ask, Budget, Over, Tally, fit
 from app.billing.periods import Calendar
 
 CAL = Calendar("UTC")
@@ -63,3 +63,46 @@ def test_concurrent_reservations_never_pass_the_limit_by_more_than_their_estimat
         error += max(0, actual - estimate.cost)
     assert len(inflight) == 25  # 25 x 400 = the whole budget, no more
     assert t.spent(key[0]).cost <= budget.limit + error
+
+
+def test_a_request_holds_its_whole_allowance_or_is_refused_by_default() -> None:
+    t, key = Tally(), [("key", "alice", DAY)]
+    budget = Budget("key", "alice", "day", "tokens", 1000)
+    ask = Ask(Amount(0, 10), Amount(0, 1), 400)  # a 10-token prompt, up to 400 out
+    assert t.fit([budget], WINDOWS, ask) == 400
+    t.reserve(key, ask.need(400))
+    t.reserve(key, ask.need(400))
+    over = t.fit([budget], WINDOWS, ask)  # 180 left: not the 410 it may consume
+    assert isinstance(over, Over) and (over.reserved, over.need) == (820, 410)
+
+
+def test_a_budget_that_caps_lowers_the_output_cap_to_what_is_left() -> None:
+    t, key = Tally(), [("key", "alice", DAY)]
+    capped = Budget("key", "alice", "day", "tokens", 1000, on_short="cap")
+    money = Budget("key", "alice", "day", "cost", 10**6, on_short="cap")
+    ask = Ask(Amount(50, 10), Amount(1000, 2), 400)  # two choices: 2 tokens a step
+    assert t.fit([capped, money], WINDOWS, ask) == 400
+    t.reserve(key, ask.need(400))  # 810 tokens, 400,050 nano-units
+    assert t.fit([capped, money], WINDOWS, ask) == 90  # 190 tokens left: (190 - 10) // 2
+    t.reserve(key, ask.need(90))
+    over = t.fit([capped, money], WINDOWS, ask)  # not one token of output is left
+    assert isinstance(over, Over) and over.budget == capped
+    # a budget that refuses must hold the request at the cap the others gave it
+    refusing = Budget("team", "ml", "day", "tokens", 100)
+    assert isinstance(t.fit([refusing], WINDOWS, ask), Over)
+    fresh = Tally()
+    assert fresh.fit([Budget("key", "a", "day", "tokens", 60, "cap"), refusing], WINDOWS, ask) == 25
+
+
+def test_fit_is_exact_at_the_edge_for_any_room() -> None:
+    rng = random.Random(31)
+    for _ in range(500):
+        base, unit, most = rng.randint(0, 50), rng.randint(1, 5), rng.randint(1, 300)
+        room = rng.randint(0, 2000)
+        ask = Ask(Amount(0, base), Amount(0, unit), most)
+        k = fit(ask, [(room, 1, True)])
+        if k < 0:
+            assert base + unit > room  # not one token fits
+        else:
+            assert 1 <= k <= most and base + k * unit <= room
+            assert k == most or base + (k + 1) * unit > room  # and no more would

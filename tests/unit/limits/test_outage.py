@@ -125,3 +125,35 @@ def test_a_limit_changed_live_during_the_outage_keeps_the_fraction_used() -> Non
     assert admitted(fb, 15) == 15  # half the 30-request share
     doubled = Limits(120, 12000)
     assert sum(fb.reserve("k", doubled, 10).allowed for _ in range(100)) == 30
+
+
+def test_a_flapping_redis_continues_one_bucket_and_never_hands_out_a_fresh_share() -> None:
+    clock = FakeClock()
+    fb = Fallback(clock)
+    fb.replicas = 2
+    fb.seen("k", seen(requests=20, tokens=6000))  # a share of 10 requests
+    served = 0
+    for _ in range(30):  # each call times out, is decided here and charged at once
+        served += fb.reserve("k", LIMITS, 10).allowed
+        charged = fb.recover(lost=False)
+        assert not fb.active and sum(c[2] for c in charged.values()) <= 1
+    assert served == 10  # one share for all the flaps, not one per timed-out call
+    clock.advance(1)
+    fb.seen("k", seen(requests=30, tokens=6000))  # Redis answers: its level never raises it
+    assert admitted(fb, 100) == 0
+    clock.advance(2)  # two seconds refill a share of 30/min by one request
+    assert admitted(fb, 100) == 1
+
+
+def test_redis_answering_lowers_a_kept_bucket_to_the_shared_level() -> None:
+    clock = FakeClock()
+    fb = Fallback(clock)
+    fb.replicas = 2
+    assert admitted(fb, 3) == 3  # an outage: the local bucket has 27 of its 30 left
+    fb.recover(lost=False)
+    fb.seen("k", seen(requests=4, tokens=6000))  # the other replica spent meanwhile
+    assert admitted(fb, 100) == 2  # the next flap starts at 4 / 2, not 27
+    clock.advance(120)
+    fb.recover(lost=False)  # refilled to full: dropped, a new flap seeds from Redis
+    fb.seen("k", seen(requests=10, tokens=6000))
+    assert admitted(fb, 100) == 5

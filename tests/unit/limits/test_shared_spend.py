@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from app.billing.budgets import Amount
+from app.billing.budgets import Amount, Ask
 from app.billing.periods import Calendar
 from app.errors import BudgetExceeded
 from app.limits import lua, shared_spend
@@ -178,3 +178,37 @@ async def test_without_an_answer_from_redis_a_replica_decides_alone(
     assert len(await admit_many(one, "a", 10)) == 10
     link.up = False
     assert len(await admit_many(one, "a", 30)) == 20  # its own tally: 10 held, 20 left
+
+
+async def test_budgets_that_cap_lower_the_hold_in_every_scope(
+    tmp_path: Path, client: aioredis.Redis
+) -> None:
+    cap = {"on_short": "cap"}
+    data = {
+        "keys": [
+            {
+                "alias": "a",
+                "key_sha256": "a" * 64,
+                "team": "t",
+                "budgets": [{"period": "day", "max_tokens": 10_000, **cap}],
+            }
+        ],
+        "teams": [{"name": "t", "budgets": [{"period": "month", "max_tokens": 1000, **cap}]}],
+    }
+    rt = compile_runtime(local_settings(tmp_path, data), {"TAOTOKEN_API_KEY": "sk"})
+    g = gate(rt, Link(client), "one")
+    key, ask = g.keys["a"], Ask(Amount(0, 10), Amount(0, 1), 800)
+    first = await g.reserve(key, ask, priced=True)
+    assert first is not None and first.cap == 800
+    second = await g.reserve(key, ask, priced=True)  # the team has 190 left: 180 out
+    assert second is not None and second.cap == 180 and second.need == Amount(0, 190)
+    with pytest.raises(BudgetExceeded, match="month tokens budget of team 't'"):
+        await g.reserve(key, ask, priced=True)
+    day = g.windows(time.time())["day"].id
+    mine = await client.hgetall(f"tg:budget:{{key:a}}:{day}")
+    team = await client.hgetall(f"tg:budget:{{team:t}}:{month(g)[2]}")
+    # the key's hold shrank with the team's, and the refused one gave its hold back
+    assert mine[b"held_t"] == b"1000" and team[b"held_t"] == b"1000"
+    await settle_all(g, [first, second], Amount(0, 0))
+    mine = await client.hgetall(f"tg:budget:{{key:a}}:{day}")
+    assert mine[b"held_t"] == b"0" and await client.zcard(f"tg:budget:{{key:a}}:{day}:holds") == 0
