@@ -41,6 +41,7 @@ from app.db import migrate
 from app.db.budgets import BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
+from app.db.owners import ResponseOwners
 from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
@@ -208,10 +209,11 @@ class Gateway:
         return SocketDialer(*timeouts, os.environ)
 
     def _response_homes(self) -> ResponseHomes:
-        """Where stored responses live: in Redis when configured, so every replica knows."""
+        """Who owns each stored response, and where it lives: the database decides (every
+        replica shares it), each process caches what it learned."""
         cfg = self.runtime.settings.responses
-        shared = self.store if isinstance(self.store, RedisStore) else None
-        return ResponseHomes(LocalHomes(cfg.max_local_ids, cfg.id_ttl_sec), shared, self.spawn)
+        local = LocalHomes(cfg.max_local_ids, cfg.id_ttl_sec)
+        return ResponseHomes(local, ResponseOwners(self.db, cfg.id_ttl_sec))
 
     def _configured_models(self) -> set[str]:
         s = self.runtime.settings
@@ -504,6 +506,7 @@ class Gateway:
     async def _maintain_ledger(self) -> None:
         try:
             await self.spend_book.prune()
+            await self.responses.homes.owners.prune()  # stored responses past id_ttl_sec
             moved = await self.ledger.maintain()
         except DatabaseUnavailable:
             return

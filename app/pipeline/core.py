@@ -162,7 +162,10 @@ class Pipeline:
                 clock=self.clock,
             )
         slot.release()
-        return self._json_answer(call, trace, ticket, reply, domain, lease)
+        answer = self._json_answer(call, trace, ticket, reply, domain, lease)
+        if call.on_response is not None and reply.usage is not None and reply.usage.response_id:
+            await call.on_response(reply.usage.response_id, domain.name)
+        return answer
 
     async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
         """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;
@@ -450,7 +453,7 @@ class Pipeline:
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
         trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
         if call.endpoint.responses:
-            self._responses_answer(call, trace, usage, domain)
+            self._responses_answer(call, trace, usage)
         elif not usage.reported:  # a 200 without usage: count what it delivered
             trace.prompt_tokens, trace.estimated = call.prompt_tokens, True
             trace.completion_tokens = delivered_tokens(reply.first)
@@ -463,14 +466,10 @@ class Pipeline:
         ctype = reply.response.headers.get("content-type", "application/json")
         return JsonAnswer(200, reply.first, ctype, headers)
 
-    def _responses_answer(
-        self, call: ClientRequest, trace: Trace, usage: Usage, domain: Domain
-    ) -> None:
-        """A Responses API answer names its id (the caller records where it lives). A
-        background response answers `queued`, without usage: it is charged what was
-        reserved, as its usage is only known once it is done."""
-        if usage.response_id and call.on_response is not None:
-            call.on_response(usage.response_id, domain.name)
+    def _responses_answer(self, call: ClientRequest, trace: Trace, usage: Usage) -> None:
+        """A background response answers `queued`, without usage: it is charged what
+        was reserved, as its usage is only known once it is done. (The id it names is
+        recorded by `handle`, once the answer is settled.)"""
         if not usage.reported:
             trace.prompt_tokens = call.prompt_tokens
             trace.completion_tokens = call.cost(self.default_max_tokens) - call.prompt_tokens

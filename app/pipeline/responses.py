@@ -2,15 +2,17 @@
 follow one.
 
     POST /v1/responses (HTTP, or one WebSocket `response.create`)
-      previous_response_id? ── homes.where(id) ──► call.home: only that domain serves it
+      previous_response_id? ── homes.where(id), owned by this key? ──► call.home: only
+      │                        that domain serves it; else 400 previous_response_not_found
       └► Pipeline.handle: limits, queue, retries, fallback, metrics, ledger
            └► the answer names its id (JSON `id`, stream `response.created`)
-                └► homes.remember(id, Home(domain, key))          unless `store: false`
+                └► homes.remember(id, Home(domain, key)): the owner is in the database
+                   before the client sees the id                 unless `store: false`
 
     GET / DELETE /v1/responses/{id}, POST …/cancel, GET …/input_items
-      └► the home domain; an id the gateway does not know: each domain serving the
-         Responses API in turn, until one has it (404 in OpenAI's shape if none does).
-         Relayed as the upstream answered; not charged to the key's limits.
+      └► owned by this key (the database says so)? the home domain, relayed as it
+         answered; else 404 not_found, the same for an id nobody created, and no
+         upstream is asked.
 
     POST /v1/responses/input_tokens
       └► a domain serving the model; if none speaks that route, the gateway's own
@@ -34,7 +36,7 @@ import orjson
 
 from app.dispatch.domain import Domain
 from app.dispatch.homes import Home, ResponseHomes
-from app.errors import InvalidRequest, NotFound, UpstreamFailed
+from app.errors import GatewayError, InvalidRequest, NotFound, UpstreamFailed
 from app.limits import estimate
 from app.metrics import Metrics
 from app.pipeline.answer import Answer
@@ -89,18 +91,25 @@ class ResponsesService:
     async def create(self, call: ClientRequest) -> Answer:
         previous = call.body.get("previous_response_id")
         if isinstance(previous, str) and previous:
-            home = await self.homes.where(previous)
-            if home is not None:
-                if home.owner != call.key.alias:
-                    raise previous_not_found(previous)
-                call.home = home.domain
+            call.home = (await self._owned(call.key, previous, previous_not_found)).domain
         stored = call.body.get("store") is not False  # OpenAI: else kept nowhere
         if stored and call.endpoint is not RESPONSES_COMPACT:  # a compaction is no response
             call.on_response = partial(self._created, call.key.alias)
         return await self.pipeline.handle(call)
 
-    def _created(self, owner: str, response_id: str, domain: str) -> None:
-        self.homes.remember(response_id, Home(domain, owner))
+    async def _created(self, owner: str, response_id: str, domain: str) -> None:
+        await self.homes.remember(response_id, Home(domain, owner))
+
+    async def _owned(
+        self, key: KeySpec, response_id: str, unknown: Callable[[str], GatewayError]
+    ) -> Home:
+        """The home of a response `key` created; anything else (an id no key created,
+        another key's, a malformed one) is the same `unknown(id)`, decided without asking
+        any upstream."""
+        home = await self.homes.where(response_id) if _ID.match(response_id) else None
+        if home is None or home.owner != key.alias:
+            raise unknown(response_id)
+        return home
 
     # -- following a stored response ------------------------------------------------------
     async def follow(
@@ -117,69 +126,39 @@ class ResponsesService:
         endpoint = f"responses{suffix.replace('/', '.')}.{method.lower()}"
         status, domain_name = 404, "-"
         try:
-            home = await self._home(key, response_id)
-            candidates = self._candidates(key, home)
+            home = await self._owned(key, response_id, _unknown)
+            domain = self._home_domain(key, home)
             path = f"/v1/responses/{response_id}{suffix}" + (f"?{query}" if query else "")
             stream = parse_qs(query).get("stream", [""])[-1].lower() == "true"
-            relayed, domain_name = await self._first_holder(
-                candidates, path, method, stream, request_id, probing=home is None
-            )
-            status = relayed.status
+            relayed = await self._relay_to(domain, path, method, stream, request_id)
+            status, domain_name = relayed.status, domain.name
             if method == "DELETE" and status == 200:
-                self.homes.forget(response_id)
+                await self.homes.forget(response_id)
             return relayed
-        except (NotFound, UpstreamFailed) as exc:
+        except GatewayError as exc:
             status = exc.status
             raise
         finally:
             self._log(request_id, key, endpoint, domain_name, status, started)
 
-    async def _home(self, key: KeySpec, response_id: str) -> Home | None:
-        if not _ID.match(response_id):
-            raise _unknown(response_id)
-        home = await self.homes.where(response_id)
-        if home is not None and home.owner != key.alias:
-            raise _unknown(response_id)
-        return home
-
-    def _candidates(self, key: KeySpec, home: Home | None) -> list[Domain]:
-        domains = [d for d in self.pipeline.planner.responders if key.domain in (None, d.name)]
-        if home is not None:
-            domains = [d for d in domains if d.name == home.domain]
-        return domains
-
-    async def _first_holder(
-        self,
-        candidates: list[Domain],
-        path: str,
-        method: str,
-        stream: bool,
-        request_id: str,
-        *,
-        probing: bool,
-    ) -> tuple[Relayed, str]:
-        """The first domain's answer that is not a 404 (each in turn when `probing`)."""
-        last: Relayed | None = None
-        failed: AttemptFailed | None = None
-        for i, domain in enumerate(candidates):
-            body = b"" if method == "POST" else None
-            try:
-                resp = await domain.client.send(
-                    path, body, stream=stream, request_id=request_id, method=method
-                )
-            except AttemptFailed as failure:
-                failed = failure
-                continue
-            relayed = await _relay(resp, stream, domain.name)
-            if relayed.status == 404 and probing and i + 1 < len(candidates):
-                last = relayed
-                continue
-            return relayed, domain.name
-        if last is not None:
-            return last, "-"
-        if failed is not None:
-            raise UpstreamFailed(f"no domain answered ({failed.reason})")
+    def _home_domain(self, key: KeySpec, home: Home) -> Domain:
+        for d in self.pipeline.planner.responders:
+            if d.name == home.domain and key.domain in (None, d.name):
+                return d
         raise NotFound("no domain serves the Responses API for this key")
+
+    @staticmethod
+    async def _relay_to(
+        domain: Domain, path: str, method: str, stream: bool, request_id: str
+    ) -> Relayed:
+        body = b"" if method == "POST" else None
+        try:
+            resp = await domain.client.send(
+                path, body, stream=stream, request_id=request_id, method=method
+            )
+        except AttemptFailed as failed:
+            raise UpstreamFailed(f"domain {domain.name} did not answer ({failed.reason})") from None
+        return await _relay(resp, stream, domain.name)
 
     # -- counting input tokens -------------------------------------------------------------
     async def input_tokens(self, key: KeySpec, raw: bytes, request_id: str) -> Relayed:
@@ -188,12 +167,10 @@ class ResponsesService:
         asked = body.get("model") or self.pipeline.runtime.default_model
         target = self.pipeline.planner.target(key, asked) if isinstance(asked, str) else None
         previous = body.get("previous_response_id")
-        home = None
+        candidates = [d for d in self.pipeline.planner.responders if key.domain in (None, d.name)]
         if isinstance(previous, str) and previous:
-            home = await self.homes.where(previous)
-            if home is not None and home.owner != key.alias:
-                raise previous_not_found(previous)
-        candidates = self._candidates(key, home)
+            home = await self._owned(key, previous, previous_not_found)
+            candidates = [d for d in candidates if d.name == home.domain]
         if target is not None:
             candidates = [d for d in candidates if d.serves(target)]
             body["model"] = target
