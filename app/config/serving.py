@@ -62,14 +62,16 @@ class ResponsesConfig(Section):
     )
     id_ttl_sec: PositiveInt = Field(
         30 * 24 * 3600,
-        description="How long the gateway remembers which domain (and key) created a stored "
-        "response, for `previous_response_id` and `/v1/responses/{id}` (in Redis when "
-        "configured, so every replica knows; OpenAI keeps responses 30 days).",
+        description="How long the gateway keeps which key created a stored response, and "
+        "which domain holds it (a row in the database, written before the client sees the "
+        "id; OpenAI keeps responses 30 days). Only that key may read, chain, cancel or "
+        "delete it; past this, the id is unknown to every key. Expired rows are deleted "
+        "every minute and by `tokengate db prune`.",
     )
     max_local_ids: PositiveInt = Field(
         100_000,
-        description="Response ids each process keeps in memory (least recently used dropped "
-        "first); with Redis this is only a cache in front of it.",
+        description="Response ids each process caches in memory (least recently used "
+        "dropped first) in front of the database, which alone decides who owns an id.",
     )
     websocket_cached_responses: int = Field(
         4,
