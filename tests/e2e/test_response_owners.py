@@ -6,12 +6,15 @@ and neither reaches an upstream."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import websockets.sync.client as ws_client
 
 from tests.support.procs import Gateway, GatewaySpec, Sim
 
@@ -56,8 +59,20 @@ def _attack(gw: Gateway, victim_id: str, sim: Sim) -> None:
         assert chained.json()["error"]["message"] == (
             f"Previous response with id '{unknown}' not found."
         )
+        event = _socket_chain(gw, unknown)
+        assert event["type"] == "error" and event["status"] == 400, event
+        assert event["error"]["code"] == "previous_response_not_found"
     assert _followed(sim) == []  # no upstream call, no fan-out over the domains
     assert sim.records("/v1/responses") == []  # the chained creations never went upstream
+
+
+def _socket_chain(gw: Gateway, previous: str) -> dict[str, Any]:
+    """Mallory chains from `previous` over the WebSocket mode: its first event."""
+    url = gw.url.replace("http", "ws") + "/v1/responses"
+    with ws_client.connect(url, additional_headers=gw.headers("mallory")) as conn:
+        ask = {"type": "response.create", "model": "gpt-4o", "input": "go on"}
+        conn.send(json.dumps({**ask, "previous_response_id": previous}))
+        return dict(json.loads(conn.recv(timeout=30)))
 
 
 def _victim_still_owns(gw: Gateway, victim_id: str) -> None:
