@@ -47,6 +47,7 @@ from app.pipeline.failure import client_error
 from app.pipeline.holds import KeyHolds
 from app.pipeline.plan import Planner
 from app.pipeline.request import ClientRequest
+from app.pipeline.toll import Toll
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
 from app.status.recent import Failure
@@ -83,6 +84,7 @@ class Pipeline:
         self.clock = clock
         self.tracer = tracer  # None: tracing is off and costs an `is None` per call point
         self.holds = KeyHolds(admission, metrics, spawn)
+        self.toll = Toll(admission)  # the routes that reach an upstream but generate nothing
         self.sessions = SessionTable()
         self.planner = Planner(domains)
         self.configure(runtime)
@@ -168,15 +170,25 @@ class Pipeline:
         return answer
 
     async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
-        """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;
-        counted and logged like any answer."""
+        """`POST /v1/messages/count_tokens` (count.py): admitted like a request with its
+        prompt (`Toll`), no queue, no slot; charged a request and no tokens."""
         trace = self._trace(call)
         try:
-            answer = await count_tokens(self, call, trace)
+            ticket = await self.toll.admit(call.key, call.prompt_tokens)
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
-        self._log(trace, answer.status, None)
+        status, error = 200, None
+        try:
+            answer = await count_tokens(self, call, trace)
+        except BaseException as exc:
+            status, error = _status_of(exc), exc
+            raise
+        finally:
+            model = trace.model or call.model
+            entry = self.toll.settle(ticket, call.key, model, trace.domain or "-", status)
+            self._log(trace, status, error, entry)
+        answer.headers.update(ticket.headers())
         return answer
 
     # -- spend ------------------------------------------------------------------------

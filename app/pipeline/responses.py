@@ -16,7 +16,11 @@ follow one.
 
     POST /v1/responses/input_tokens
       └► a domain serving the model; if none speaks that route, the gateway's own
-         estimate, marked `x-tokengate-estimated: true`. Never charged.
+         estimate, marked `x-tokengate-estimated: true`.
+
+Following a stored response and counting input tokens go through the key's admission
+first (`Toll`): a key refused on chat is refused here too, before any upstream is asked;
+each is charged a request and no tokens.
 
 A response belongs to the key that created it: another key asking for it (or chaining
 from it) gets the answer for an unknown id.
@@ -30,6 +34,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
@@ -86,6 +91,7 @@ class ResponsesService:
         self.homes = homes
         self.metrics = metrics
         self.clock = clock
+        self.toll = pipeline.toll
 
     # -- creating ----------------------------------------------------------------------
     async def create(self, call: ClientRequest) -> Answer:
@@ -124,21 +130,25 @@ class ResponsesService:
         """Relay `method /v1/responses/{id}{suffix}?{query}` to the domain holding `id`."""
         started = self.clock()
         endpoint = f"responses{suffix.replace('/', '.')}.{method.lower()}"
-        status, domain_name = 404, "-"
+        status, domain_name, ticket = 404, "-", None
         try:
+            ticket = await self.toll.admit(key, 0)  # an unknown id costs a request too
             home = await self._owned(key, response_id, _unknown)
             domain = self._home_domain(key, home)
             path = f"/v1/responses/{response_id}{suffix}" + (f"?{query}" if query else "")
             stream = parse_qs(query).get("stream", [""])[-1].lower() == "true"
             relayed = await self._relay_to(domain, path, method, stream, request_id)
             status, domain_name = relayed.status, domain.name
+            relayed.headers.update(ticket.headers())
             if method == "DELETE" and status == 200:
                 await self.homes.forget(response_id)
             return relayed
-        except GatewayError as exc:
-            status = exc.status
+        except BaseException as exc:
+            status = exc.status if isinstance(exc, GatewayError) else 499
             raise
         finally:
+            if ticket is not None:
+                self.toll.settle(ticket, key, None, domain_name, status)
             self._log(request_id, key, endpoint, domain_name, status, started)
 
     def _home_domain(self, key: KeySpec, home: Home) -> Domain:
@@ -162,8 +172,28 @@ class ResponsesService:
 
     # -- counting input tokens -------------------------------------------------------------
     async def input_tokens(self, key: KeySpec, raw: bytes, request_id: str) -> Relayed:
+        """Admitted like a request with its input (`Toll`), charged a request and no
+        tokens; counted upstream, or by the gateway's estimate."""
         started = self.clock()
-        body = parse_json(raw)
+        body: dict[str, Any] = {}
+        status, domain_name, ticket = 200, "-", None
+        try:
+            body = parse_json(raw)
+            ticket = await self.toll.admit(key, _estimate(body))
+            relayed, domain_name = await self._count(key, body, request_id)
+            relayed.headers.update(ticket.headers())
+            return relayed
+        except BaseException as exc:
+            status = exc.status if isinstance(exc, GatewayError) else 499
+            raise
+        finally:
+            if ticket is not None:
+                self.toll.settle(ticket, key, body.get("model"), domain_name, status)
+            self._log(request_id, key, "responses.input_tokens", domain_name, status, started)
+
+    async def _count(
+        self, key: KeySpec, body: dict[str, Any], request_id: str
+    ) -> tuple[Relayed, str]:
         asked = body.get("model") or self.pipeline.runtime.default_model
         target = self.pipeline.planner.target(key, asked) if isinstance(asked, str) else None
         previous = body.get("previous_response_id")
@@ -185,17 +215,12 @@ class ResponsesService:
             relayed = await _relay(resp, False, domain.name)
             if relayed.status in _NOT_SERVED and b"previous_response_not_found" not in relayed.body:
                 continue
-            self._log(request_id, key, "responses.input_tokens", domain.name, 200, started)
-            return relayed
-        count = estimate.responses_prompt_tokens(
-            body.get("input"), body.get("instructions"), body.get("tools")
-        )
-        self._log(request_id, key, "responses.input_tokens", "-", 200, started)
+            return relayed, domain.name
         return Relayed(
             200,
-            orjson.dumps({"object": "response.input_tokens", "input_tokens": count}),
+            orjson.dumps({"object": "response.input_tokens", "input_tokens": _estimate(body)}),
             headers={"x-tokengate-estimated": "true"},
-        )
+        ), "-"
 
     def _log(
         self, request_id: str, key: KeySpec, endpoint: str, domain: str, status: int, t0: float
@@ -212,6 +237,12 @@ class ResponsesService:
                 "duration_ms": round(seconds * 1000, 2),
             }
             access_log.info("request", extra={"fields": fields})
+
+
+def _estimate(body: dict[str, Any]) -> int:
+    return estimate.responses_prompt_tokens(
+        body.get("input"), body.get("instructions"), body.get("tools")
+    )
 
 
 def _unknown(response_id: str) -> NotFound:
