@@ -51,6 +51,7 @@ from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
 from app.limits.shared_spend import SharedSpend
+from app.limits.sockets import SocketCounts
 from app.limits.spend import SpendGate
 from app.limits.store import LimitStore, MemoryStore
 from app.live import LiveControls
@@ -132,6 +133,7 @@ class Gateway:
         )
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
+        self.socket_counts = SocketCounts()  # client WebSocket connections open per key
         self.batch_store = BatchStore(self.db)
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
         self.batch_runner = BatchRunner(

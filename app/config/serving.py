@@ -30,6 +30,19 @@ class ServerConfig(Section):
         description="On SIGTERM, seconds to keep serving with readiness at 503 before "
         "closing the listener (lets a load balancer stop sending first).",
     )
+    websocket_idle_timeout_sec: float = Field(
+        300,
+        gt=0,
+        le=86400,
+        description="A Responses WebSocket connection on which the client sends nothing for "
+        "this long, with no response in flight, is closed (1001, reason `idle timeout`).",
+    )
+    max_websockets_per_key: PositiveInt = Field(
+        16,
+        description="Responses WebSocket connections one key may hold open at once, per "
+        "process (a key's `max_websockets` overrides it; without Redis, each of N workers "
+        "allows 1/N); one more is refused with 429 `websocket_connection_limit_reached`.",
+    )
     upstream_client: Literal["aiohttp", "native", "httpx"] = Field(
         "aiohttp",
         description="Upstream HTTP client: always aiohttp. `native` and `httpx` (clients of "

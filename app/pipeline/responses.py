@@ -117,6 +117,21 @@ class ResponsesService:
             raise unknown(response_id)
         return home
 
+    async def warm_up(self, key: KeySpec, model: object, request_id: str) -> None:
+        """A WebSocket `generate: false`: nothing goes upstream, but it is a request of the
+        key's all the same (admitted, charged one request and no tokens, logged)."""
+        started, status, ticket = self.clock(), 200, None
+        try:
+            ticket = await self.toll.admit(key, 0)
+        except GatewayError as exc:
+            status = exc.status
+            raise
+        finally:
+            if ticket is not None:
+                name = model if isinstance(model, str) else None
+                self.toll.settle(ticket, key, name, "-", status)
+            self._log(request_id, key, "responses_ws.warmup", "-", status, started)
+
     # -- following a stored response ------------------------------------------------------
     async def follow(
         self,

@@ -38,7 +38,7 @@ def free_port() -> int:
 def wait_http(
     url: str,
     *,
-    timeout: float = 20.0,
+    timeout: float = 60.0,  # a loaded 2-core machine can take over 20 s to start one
     proc: subprocess.Popen[bytes] | None = None,
     headers: dict[str, str] | None = None,
 ) -> None:
