@@ -16,7 +16,7 @@ import openai
 import pytest
 import websockets.sync.client as ws_client
 
-from tests.support.procs import Gateway, GatewaySpec, Sim
+from tests.support.procs import Gateway, GatewaySpec, Redis, Sim
 
 Make = Callable[..., Gateway]
 FOLLOWING = ("/v1/responses/",)  # the sim's record paths of retrieve/delete/cancel/items
@@ -127,5 +127,22 @@ def test_a_replica_that_never_saw_the_id_still_knows_its_owner(
     two = make_gateway(spec, sim.url)
     with one.openai("alice") as alice:
         victim = alice.responses.create(model="gpt-4o", input="my secret plan").id
+    _attack(two, victim, sim)
+    _victim_still_owns(two, victim)
+
+
+def test_replicas_sharing_redis_keep_owners_through_a_redis_outage(
+    sim: Sim, make_gateway: Make, redis: Redis, tmp_path: Path
+) -> None:
+    """Redis is only for limits: with it gone, the owners are still the database's."""
+    settings = {"database": {"path": str(tmp_path / "shared.sqlite3")}}
+    env = {"TOKENGATE_REDIS_URL": redis.url}
+    keys: dict[str, dict[str, Any]] = {"alice": {}, "mallory": {}}
+    one = make_gateway(GatewaySpec(keys=keys, settings=settings, env=env), sim.url)
+    spec = GatewaySpec(keys=keys, settings=settings, env=env, secrets=one.keys)
+    two = make_gateway(spec, sim.url)
+    with one.openai("alice") as alice:
+        victim = alice.responses.create(model="gpt-4o", input="my secret plan").id
+    redis.kill()
     _attack(two, victim, sim)
     _victim_still_owns(two, victim)
