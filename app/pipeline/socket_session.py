@@ -73,6 +73,7 @@ class Turn:
 
     items: list[Any]  # the whole input it was generated from
     output: list[Any]  # the items it produced (`response.output_item.done`)
+    size: int = 0  # bytes of its JSON (input and output): what it makes the connection keep
 
 
 class SocketSession:
@@ -105,6 +106,7 @@ class SocketSession:
         self.new_request_id = new_request_id
         self.clock = clock
         self.busy = False  # a message is being answered (the connection is not idle)
+        self.kept_bytes = 0  # the sizes of `turns`
 
     async def handle(self, text: str, send: Send) -> bool:
         """Answer one client message (all its events are sent before this returns);
@@ -155,7 +157,7 @@ class SocketSession:
         if message.get("generate") is False:
             self.metrics.record_socket_message("warmup")
             await self.service.warm_up(key, body.get("model"), self.new_request_id())
-            await self._warm_up(body, items, send)
+            await self._warm_up(body, Turn(items, [], len(raw)), send)
             return
         self.metrics.record_socket_message("create")
         await self._create(key, raw, items, started, send)
@@ -188,15 +190,23 @@ class SocketSession:
         return body, items
 
     def _keep(self, response_id: str, turn: Turn) -> None:
+        """The latest turn always; older ones while they are at most `cached`, and their
+        sizes add up to at most `max_body` (turns of one conversation share their items,
+        but turns of different branches do not: this bounds the items a connection holds
+        to one request body's worth)."""
         self.turns[response_id] = turn
-        while len(self.turns) > self.cached:
-            self.turns.popitem(last=False)
+        self.kept_bytes += turn.size
+        while len(self.turns) > 1 and (
+            len(self.turns) > self.cached or self.kept_bytes > self.max_body
+        ):
+            _, dropped = self.turns.popitem(last=False)
+            self.kept_bytes -= dropped.size
 
-    async def _warm_up(self, body: dict[str, Any], items: list[Any], send: Send) -> None:
+    async def _warm_up(self, body: dict[str, Any], turn: Turn, send: Send) -> None:
         """`generate: false`: nothing goes upstream; the id lets the next request send only
         what is new."""
         response_id = f"resp_{uuid.uuid4().hex}"
-        self._keep(response_id, Turn(items, []))
+        self._keep(response_id, turn)
         response: dict[str, Any] = {
             "id": response_id,
             "object": "response",
@@ -219,6 +229,7 @@ class SocketSession:
         if not isinstance(answer, StreamAnswer):  # stream is always set: a bug if not
             raise InvalidRequest("the upstream did not stream the response")
         output: list[Any] = []
+        size = len(raw)
         final: dict[str, Any] | None = None
         try:
             async for chunk in answer.body():
@@ -227,6 +238,7 @@ class SocketSession:
                     if event is not None:
                         if event.get("type") == "response.output_item.done":
                             output.append(event.get("item"))
+                            size += len(payload)
                         elif event.get("type") in RESPONSES_TERMINAL:
                             final = event.get("response")
                     await send(payload.decode())
@@ -235,7 +247,7 @@ class SocketSession:
         if isinstance(final, dict) and final.get("status") in ("completed", "incomplete"):
             response_id = final.get("id")
             if isinstance(response_id, str):
-                self._keep(response_id, Turn(items, output))
+                self._keep(response_id, Turn(items, output, size))
 
 
 def _message(text: str) -> dict[str, Any]:

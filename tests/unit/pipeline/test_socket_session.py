@@ -176,7 +176,9 @@ async def test_warm_ups_are_bounded_charged_and_re_authorised(
         if frames[-1]["type"] == "response.completed":
             previous = frames[-1]["response"]["id"]
     assert statuses == [200, 200, 200, 413, 413]
-    assert len(ws.session.turns) == 3  # a refused warm-up keeps nothing
+    # a refused warm-up keeps nothing, and what is kept is one request body's worth at most
+    (kept,) = ws.session.turns.values()  # the chain's latest turn holds the whole chain
+    assert len(kept.items) == 3 and ws.session.kept_bytes == kept.size <= 4000
     (ok,) = (await ws.say(create(input="x", generate=False)))[-1:]
     assert ok["type"] == "response.completed"
     (limited,) = await ws.say(create(input="x", generate=False))  # the 5th request
