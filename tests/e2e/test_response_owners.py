@@ -7,6 +7,7 @@ and neither reaches an upstream."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import openai
 import pytest
 import websockets.sync.client as ws_client
 
-from tests.support.procs import Gateway, GatewaySpec, Redis, Sim
+from tests.support.procs import Gateway, GatewaySpec, Redis, Sim, run_cli
 
 Make = Callable[..., Gateway]
 FOLLOWING = ("/v1/responses/",)  # the sim's record paths of retrieve/delete/cancel/items
@@ -146,3 +147,20 @@ def test_replicas_sharing_redis_keep_owners_through_a_redis_outage(
     redis.kill()
     _attack(two, victim, sim)
     _victim_still_owns(two, victim)
+
+
+def test_owners_expire_with_the_responses_and_db_prune_deletes_them(
+    sim: Sim, make_gateway: Make
+) -> None:
+    spec = GatewaySpec(keys={"alice": {}}, settings={"responses": {"id_ttl_sec": 1}})
+    gw = make_gateway(spec, sim.url)
+    with gw.openai("alice") as alice:
+        old = alice.responses.create(model="gpt-4o", input="soon forgotten").id
+    gw.stop()
+    time.sleep(1.5)  # past its lifetime (a lower bound: a slower machine only adds to it)
+    pruned = run_cli("db", *gw.args, "prune", env=gw.env)
+    assert pruned.returncode == 0, pruned.stderr
+    assert "1 expired stored-response owners deleted" in pruned.stdout
+    gw.restart()
+    r = httpx.get(f"{gw.url}/v1/responses/{old}", headers=gw.headers("alice"))
+    assert r.status_code == 404  # past id_ttl_sec, unknown to every key, its creator too
