@@ -41,6 +41,7 @@ from app.db import migrate
 from app.db.budgets import BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
+from app.db.owners import ResponseOwners
 from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
@@ -50,6 +51,7 @@ from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
 from app.limits.redis_store import RedisStore
 from app.limits.shared_spend import SharedSpend
+from app.limits.sockets import SocketCounts
 from app.limits.spend import SpendGate
 from app.limits.store import LimitStore, MemoryStore
 from app.live import LiveControls
@@ -131,6 +133,7 @@ class Gateway:
         )
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
+        self.socket_counts = SocketCounts()  # client WebSocket connections open per key
         self.batch_store = BatchStore(self.db)
         self.batches = BatchService(self.batch_store, s.batch, wake=self._wake_batches)
         self.batch_runner = BatchRunner(
@@ -208,10 +211,11 @@ class Gateway:
         return SocketDialer(*timeouts, os.environ)
 
     def _response_homes(self) -> ResponseHomes:
-        """Where stored responses live: in Redis when configured, so every replica knows."""
+        """Who owns each stored response, and where it lives: the database decides (every
+        replica shares it), each process caches what it learned."""
         cfg = self.runtime.settings.responses
-        shared = self.store if isinstance(self.store, RedisStore) else None
-        return ResponseHomes(LocalHomes(cfg.max_local_ids, cfg.id_ttl_sec), shared, self.spawn)
+        local = LocalHomes(cfg.max_local_ids, cfg.id_ttl_sec)
+        return ResponseHomes(local, ResponseOwners(self.db, cfg.id_ttl_sec))
 
     def _configured_models(self) -> set[str]:
         s = self.runtime.settings
@@ -504,6 +508,7 @@ class Gateway:
     async def _maintain_ledger(self) -> None:
         try:
             await self.spend_book.prune()
+            await self.responses.homes.owners.prune()  # stored responses past id_ttl_sec
             moved = await self.ledger.maintain()
         except DatabaseUnavailable:
             return

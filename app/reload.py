@@ -55,6 +55,8 @@ LIVE = (
     "admin_key",
     "model_aliases",
     "server.max_body_bytes",
+    "server.websocket_idle_timeout_sec",
+    "server.max_websockets_per_key",
     "batch.share",
 )
 _PER_DOMAIN = ("api_endpoint", "token_scheduler.api_base")

@@ -57,6 +57,7 @@ class KeySpec:
     reserve_output: str | None = None  # None: rate_limit.reserve_output
     max_concurrent: int | None = None  # None: no cap
     team: str | None = None
+    max_websockets: int | None = None  # None: server.max_websockets_per_key
     budgets: tuple[Budget, ...] = ()
 
 
@@ -311,4 +312,5 @@ def _key_spec(key: KeyConfig, tpm: int, rpm: int, concurrent: int | None = None)
         expires_at=expires,
         reserve_output=key.reserve_output,
         max_concurrent=key.max_concurrent or concurrent,
+        max_websockets=key.max_websockets,
     )

@@ -13,6 +13,14 @@ the worker, which cancels its queued or streaming request like an HTTP disconnec
 (slot freed, upstream closed, key charged what was streamed). While the gateway drains,
 the worker closes the socket (1001) after the response in flight: the client reconnects,
 to a live replica, and sends its whole conversation again.
+
+Limits (issue 31): a key holds at most `max_websockets` connections (else
+`server.max_websockets_per_key`; one more is a 429 before the handshake); a connection on
+which the client sends nothing for `server.websocket_idle_timeout_sec`, with no answer in
+flight, is closed (1001); a key that stops being valid (revoked by a reload, expired) is
+refused on its next message, which ends the connection (1008). Frames are at most
+`server.max_body_bytes` (uvicorn's `ws_max_size`), and so is the conversation a
+connection accumulates (`SocketSession`).
 """
 
 from __future__ import annotations
@@ -26,9 +34,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 from app.api.deps import caller_of
 from app.api.errors import render
 from app.api.middleware import new_request_id
-from app.errors import GatewayError, UpgradeRequired
+from app.errors import GatewayError, RateLimited, UpgradeRequired
 from app.gateway import Gateway
 from app.pipeline.socket_session import SocketSession
+from app.runtime import KeySpec
 from app.upstream.client import forwardable
 from app.upstream.websocket import UpstreamSockets
 
@@ -61,25 +70,44 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gate
         refusal = not_served(gateway)
         if refusal is not None:
             raise refusal
-        caller_of(scope, gateway)
+        caller = caller_of(scope, gateway)
+        _take_place(gateway, caller)
     except GatewayError as exc:
         gateway.metrics.record_socket_upgrade(exc.status)
         await _deny(ws, exc)
         return
-    await ws.accept()
-    gateway.metrics.record_socket_upgrade(101)
-    gateway.metrics.socket_opened()
-    session = _session(gateway, scope)
     try:
-        await _converse(ws, gateway, session)
-    except* _GONE:
-        pass  # the client left: its request was cancelled with the worker
-    except* Exception as group:
-        log.error("responses websocket failed", exc_info=group.exceptions[0])
-        await _close(ws, INTERNAL, "internal error; see the gateway log")
+        await ws.accept()
+        gateway.metrics.record_socket_upgrade(101)
+        gateway.metrics.socket_opened()
+        session = _session(gateway, scope)
+        try:
+            await _converse(ws, gateway, session)
+        except* _GONE:
+            pass  # the client left: its request was cancelled with the worker
+        except* Exception as group:
+            log.error("responses websocket failed", exc_info=group.exceptions[0])
+            await _close(ws, INTERNAL, "internal error; see the gateway log")
+        finally:
+            gateway.metrics.socket_closed()
+            await session.close()
     finally:
-        gateway.metrics.socket_closed()
-        await session.close()
+        gateway.socket_counts.give_back(caller.alias)
+
+
+def _take_place(gateway: Gateway, caller: KeySpec) -> None:
+    """One of the key's connections (`max_websockets`), or 429 before the handshake."""
+    cap = caller.max_websockets or gateway.runtime.settings.server.max_websockets_per_key
+    cap = max(1, cap // gateway.divisor)  # without Redis, each of N workers holds 1/N
+    if not gateway.socket_counts.take(caller.alias, cap):
+        gateway.metrics.record_rate_limited(caller.alias, "websockets")
+        raise RateLimited(
+            f"This key already holds {cap} open WebSocket connections, its limit "
+            "(max_websockets); close one, or use POST /v1/responses.",
+            code="websocket_connection_limit_reached",
+            retry_after=1.0,
+            should_retry=False,
+        )
 
 
 def _session(gateway: Gateway, scope: Scope) -> SocketSession:
@@ -105,11 +133,14 @@ def _session(gateway: Gateway, scope: Scope) -> SocketSession:
 
 async def _converse(ws: WebSocket, gateway: Gateway, session: SocketSession) -> None:
     inbox: asyncio.Queue[str] = asyncio.Queue(MAX_PENDING)
+    idle = gateway.runtime.settings.server.websocket_idle_timeout_sec
 
     async def work() -> None:
         while True:
             text = await inbox.get()
-            await session.handle(text, ws.send_text)
+            if not await session.handle(text, ws.send_text):
+                await _close(ws, POLICY, "the key is no longer valid")
+                return
             if gateway.draining:
                 await _close(ws, GOING_AWAY, "the gateway is restarting; reconnect")
                 return
@@ -119,7 +150,15 @@ async def _converse(ws: WebSocket, gateway: Gateway, session: SocketSession) -> 
     async with asyncio.TaskGroup() as group:
         worker = group.create_task(work())
         while True:
-            message = await ws.receive()
+            try:
+                async with asyncio.timeout(idle):
+                    message = await ws.receive()
+            except TimeoutError:
+                if session.busy or not inbox.empty():
+                    continue  # quiet while its answer streams: not idle
+                worker.cancel()
+                await _close(ws, GOING_AWAY, f"idle timeout ({idle:g} s without a message)")
+                return
             if message["type"] == "websocket.disconnect":
                 worker.cancel()
                 return

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
+from app.api.access import note_of
 from app.api.body import read_body
 from app.api.deps import CallerDep, GatewayDep
 from app.pipeline.responses import Relayed
@@ -32,6 +33,10 @@ def _render(relayed: Relayed) -> Response:
 
 
 def _request_id(request: Request) -> str:
+    """The request's id; and its access-log line is `ResponsesService`'s to write."""
+    note = note_of(request.scope)
+    if note is not None:
+        note.handled = True
     return str(request.scope["state"]["request_id"])
 
 

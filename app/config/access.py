@@ -162,6 +162,9 @@ class KeyConfig(Section):
     max_concurrent: PositiveInt | None = Field(
         None, description="Overrides `rate_limit.max_concurrent` for this key."
     )
+    max_websockets: PositiveInt | None = Field(
+        None, description="Overrides `server.max_websockets_per_key` for this key."
+    )
     expires_at: datetime | None = Field(
         None, description="After this instant (ISO 8601, UTC if no zone) the key gets 401."
     )

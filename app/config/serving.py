@@ -30,6 +30,19 @@ class ServerConfig(Section):
         description="On SIGTERM, seconds to keep serving with readiness at 503 before "
         "closing the listener (lets a load balancer stop sending first).",
     )
+    websocket_idle_timeout_sec: float = Field(
+        300,
+        gt=0,
+        le=86400,
+        description="A Responses WebSocket connection on which the client sends nothing for "
+        "this long, with no response in flight, is closed (1001, reason `idle timeout`).",
+    )
+    max_websockets_per_key: PositiveInt = Field(
+        16,
+        description="Responses WebSocket connections one key may hold open at once, per "
+        "process (a key's `max_websockets` overrides it; without Redis, each of N workers "
+        "allows 1/N); one more is refused with 429 `websocket_connection_limit_reached`.",
+    )
     upstream_client: Literal["aiohttp", "native", "httpx"] = Field(
         "aiohttp",
         description="Upstream HTTP client: always aiohttp. `native` and `httpx` (clients of "
@@ -62,14 +75,16 @@ class ResponsesConfig(Section):
     )
     id_ttl_sec: PositiveInt = Field(
         30 * 24 * 3600,
-        description="How long the gateway remembers which domain (and key) created a stored "
-        "response, for `previous_response_id` and `/v1/responses/{id}` (in Redis when "
-        "configured, so every replica knows; OpenAI keeps responses 30 days).",
+        description="How long the gateway keeps which key created a stored response, and "
+        "which domain holds it (a row in the database, written before the client sees the "
+        "id; OpenAI keeps responses 30 days). Only that key may read, chain, cancel or "
+        "delete it; past this, the id is unknown to every key. Expired rows are deleted "
+        "every minute and by `tokengate db prune`.",
     )
     max_local_ids: PositiveInt = Field(
         100_000,
-        description="Response ids each process keeps in memory (least recently used dropped "
-        "first); with Redis this is only a cache in front of it.",
+        description="Response ids each process caches in memory (least recently used "
+        "dropped first) in front of the database, which alone decides who owns an id.",
     )
     websocket_cached_responses: int = Field(
         4,

@@ -23,6 +23,7 @@ from app.config.schema import Settings
 from app.db import migrate
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.errors import DatabaseProblem
+from app.db.owners import ResponseOwners
 from app.db.usage import UsageBook
 
 
@@ -108,6 +109,8 @@ async def _prune(db: Database, settings: Settings) -> int:
         int(time.time()), cfg.minute_retention_days, cfg.hour_retention_days, max_hours=10**6
     )
     print(f"{db.where}: {moved} minute rows rolled up into hours, {deleted} hour rows deleted")
+    expired = await ResponseOwners(db, settings.responses.id_ttl_sec).prune()
+    print(f"{db.where}: {expired} expired stored-response owners deleted")
     return 0
 
 

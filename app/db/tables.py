@@ -11,6 +11,9 @@
     batches        one row per batch: its OpenAI body (JSON), status, lease
     items          one row per input line: pending -> done | failed, with the answer
     key_overrides  live per-key limits set through the admin API
+    response_owners  one row per stored response (Responses API): the key that created it
+                   and the domain holding it, written when the answer names it; the only
+                   authority on who may read, chain, cancel or delete it (until `expires_at`)
 
 Times are UTC epoch seconds (`bucket`, `lease_until`, `updated_at`): the same arithmetic in
 both dialects, so a report can bucket by hour or day with `bucket - bucket % 3600`.
@@ -166,4 +169,15 @@ budget_overrides = Table(
     Column("limit_value", BigInteger, nullable=False),
     Column("until", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
+)
+
+response_owners = Table(
+    "response_owners",
+    metadata,
+    Column("id", String(256), primary_key=True),
+    Column("owner", String(128), nullable=False),
+    Column("domain", String(128), nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("expires_at", Double, nullable=False),
+    Index("ix_response_owners_expires_at", "expires_at"),
 )

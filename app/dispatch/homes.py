@@ -1,43 +1,41 @@
-"""Where each stored response lives: response id -> (domain, key that created it).
+"""Where each stored response lives and whose it is: response id -> (domain, owner key).
 
 The Responses API keeps state upstream: a response stored by one domain's upstream can
 be read, deleted, cancelled or continued (`previous_response_id`) only there. The
-gateway learns the id when the answer names it and remembers its home here:
+gateway learns the id when the answer names it and records its home:
 
+    ResponseHomes.remember(id, Home)  ── the database (`response_owners`), awaited before
+                                         the client sees the id; then the local cache
     ResponseHomes.where(id)  ── local LRU (bounded, TTL) ──hit──► Home
                                  │ miss
-                                 └► shared store (Redis: one key per id, with the TTL),
-                                    so a follow-up sent to another replica finds it
+                                 └► the database: the only authority on ownership
 
-Writes to the shared store are handed to the gateway (`spawn`): they never delay an
-answer. The shared store answers None while unreachable (a miss: the caller then asks
-the domains in turn), so an outage costs a probe, never a request.
+The cache only holds what the database said (or was told) for this process, so it can
+forget (eviction, restart, another worker) but never say more than the database: a miss
+always asks the database, and an id it does not know is unknown, to every key. With the
+database unreachable, a follow-up the cache can not vouch for is refused (503), never
+let through.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
+from app.db.engine import DatabaseUnavailable
+from app.db.owners import ResponseOwners
+from app.errors import ServiceUnavailable
+
+log = logging.getLogger("tokengate.responses")
 
 
 @dataclass(frozen=True, slots=True)
 class Home:
     domain: str
     owner: str  # the key alias that created it: no other key may use it
-
-    def encode(self) -> str:
-        # Domain names and aliases are tokens without spaces (the schema's patterns).
-        return f"{self.domain} {self.owner}"
-
-    @classmethod
-    def decode(cls, raw: str) -> Home | None:
-        domain, _, owner = raw.partition(" ")
-        return cls(domain, owner) if domain and owner else None
 
 
 class LocalHomes:
@@ -75,42 +73,41 @@ class LocalHomes:
         self._entries.pop(response_id, None)
 
 
-class SharedText(Protocol):
-    """Small values with a TTL shared by every replica (`RedisStore` implements it)."""
-
-    async def put_text(self, name: str, value: str, ttl_sec: float) -> None: ...
-
-    async def get_text(self, name: str) -> str | None: ...
-
-    async def delete_text(self, name: str) -> None: ...
-
-
 class ResponseHomes:
-    def __init__(self, local: LocalHomes, shared: SharedText | None, spawn: Spawn) -> None:
+    def __init__(self, local: LocalHomes, owners: ResponseOwners) -> None:
         self.local = local
-        self.shared = shared
-        self.spawn = spawn
+        self.owners = owners
 
-    @staticmethod
-    def _name(response_id: str) -> str:
-        return f"resp:{{{response_id}}}"
-
-    def remember(self, response_id: str, home: Home) -> None:
+    async def remember(self, response_id: str, home: Home) -> None:
+        """Record the owner; if the database can not take it, the response stays private
+        (no row: unknown to every key once this process forgets it)."""
         self.local.remember(response_id, home)
-        if self.shared is not None:
-            self.spawn(self.shared.put_text(self._name(response_id), home.encode(), self.local.ttl))
+        try:
+            await self.owners.record(response_id, home.owner, home.domain)
+        except DatabaseUnavailable as exc:
+            log.error("owner of response %s not recorded: %s", response_id[:64], exc)
 
     async def where(self, response_id: str) -> Home | None:
         home = self.local.where(response_id)
-        if home is not None or self.shared is None:
-            return home
-        raw = await self.shared.get_text(self._name(response_id))
-        home = Home.decode(raw) if raw else None
         if home is not None:
-            self.local.remember(response_id, home)
+            return home
+        try:
+            found = await self.owners.find(response_id)
+        except DatabaseUnavailable:
+            raise ServiceUnavailable(
+                "stored responses can not be checked while the database is unreachable",
+                code="database_unavailable",
+                retry_after=5.0,
+            ) from None
+        if found is None:
+            return None
+        home = Home(found.domain, found.owner)
+        self.local.remember(response_id, home)
         return home
 
-    def forget(self, response_id: str) -> None:
+    async def forget(self, response_id: str) -> None:
         self.local.forget(response_id)
-        if self.shared is not None:
-            self.spawn(self.shared.delete_text(self._name(response_id)))
+        try:
+            await self.owners.drop(response_id)
+        except DatabaseUnavailable as exc:  # the row expires with `id_ttl_sec`
+            log.error("owner of deleted response %s not dropped: %s", response_id[:64], exc)

@@ -106,7 +106,7 @@ class StreamAnswer:
             try:
                 out = relay.feed(self._reply.first)
                 if self._tell is not None:
-                    self._told()
+                    await self._told()
                 if response.complete:
                     held = out
                 elif out:
@@ -116,7 +116,7 @@ class StreamAnswer:
                 async for chunk in self._reply.rest:
                     out = relay.feed(chunk)
                     if self._tell is not None:
-                        self._told()
+                        await self._told()
                     if response.complete:
                         held += out
                     elif out:
@@ -149,10 +149,12 @@ class StreamAnswer:
             return failed_event(message, "stream_interrupted", relay.response_id, relay.events)
         return error_event(message, "stream_interrupted", anthropic=endpoint.anthropic)
 
-    def _told(self) -> None:
-        if self.relay.response_id is not None and self._tell is not None:
-            self._tell(self.relay.response_id, self._domain.name)
+    async def _told(self) -> None:
+        """The id is recorded before the event naming it is relayed."""
+        tell = self._tell
+        if self.relay.response_id is not None and tell is not None:
             self._tell = None
+            await tell(self.relay.response_id, self._domain.name)
 
     def _ttft(self) -> None:
         if self.relay.saw_content and not self._ttft_done:

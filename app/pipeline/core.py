@@ -49,6 +49,7 @@ from app.pipeline.failure import client_error
 from app.pipeline.holds import KeyHolds
 from app.pipeline.plan import Planner
 from app.pipeline.request import ClientRequest
+from app.pipeline.toll import Toll
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
 from app.status.recent import Failure
@@ -85,6 +86,7 @@ class Pipeline:
         self.clock = clock
         self.tracer = tracer  # None: tracing is off and costs an `is None` per call point
         self.holds = KeyHolds(admission, metrics, spawn)
+        self.toll = Toll(admission)  # the routes that reach an upstream but generate nothing
         self.sessions = SessionTable()
         self.planner = Planner(domains)
         self.allowance = Allowance(self.planner)
@@ -171,18 +173,30 @@ class Pipeline:
         slot.release()
         answer = self._json_answer(call, trace, ticket, reply, domain, lease)
         await SpendGate.released(ticket.hold)
+        if call.on_response is not None and reply.usage is not None and reply.usage.response_id:
+            await call.on_response(reply.usage.response_id, domain.name)
         return answer
 
     async def count_tokens(self, call: ClientRequest) -> JsonAnswer:
-        """`POST /v1/messages/count_tokens` (count.py): no admission, no queue, no charge;
-        counted and logged like any answer."""
+        """`POST /v1/messages/count_tokens` (count.py): admitted like a request with its
+        prompt (`Toll`), no queue, no slot; charged a request and no tokens."""
         trace = self._trace(call)
         try:
-            answer = await count_tokens(self, call, trace)
+            ticket = await self.toll.admit(call.key, call.prompt_tokens)
         except GatewayError as exc:
             self._log(trace, exc.status, exc)
             raise
-        self._log(trace, answer.status, None)
+        status, error = 200, None
+        try:
+            answer = await count_tokens(self, call, trace)
+        except BaseException as exc:
+            status, error = _status_of(exc), exc
+            raise
+        finally:
+            model = trace.model or call.model
+            entry = self.toll.settle(ticket, call.key, model, trace.domain or "-", status)
+            self._log(trace, status, error, entry)
+        answer.headers.update(ticket.headers())
         return answer
 
     # -- spend ------------------------------------------------------------------------
@@ -455,7 +469,7 @@ class Pipeline:
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
         trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
         if call.endpoint.responses:
-            self._responses_answer(call, trace, usage, domain)
+            self._responses_answer(call, trace, usage)
         elif not usage.reported:  # a 200 without usage: count what it delivered
             trace.prompt_tokens, trace.estimated = call.prompt_tokens, True
             trace.completion_tokens = delivered_tokens(reply.first)
@@ -468,14 +482,10 @@ class Pipeline:
         ctype = reply.response.headers.get("content-type", "application/json")
         return JsonAnswer(200, reply.first, ctype, headers)
 
-    def _responses_answer(
-        self, call: ClientRequest, trace: Trace, usage: Usage, domain: Domain
-    ) -> None:
-        """A Responses API answer names its id (the caller records where it lives). A
-        background response answers `queued`, without usage: it is charged what was
-        reserved, as its usage is only known once it is done."""
-        if usage.response_id and call.on_response is not None:
-            call.on_response(usage.response_id, domain.name)
+    def _responses_answer(self, call: ClientRequest, trace: Trace, usage: Usage) -> None:
+        """A background response answers `queued`, without usage: it is charged what
+        was reserved, as its usage is only known once it is done. (The id it names is
+        recorded by `handle`, once the answer is settled.)"""
         if not usage.reported:
             trace.prompt_tokens = call.prompt_tokens
             trace.completion_tokens = call.cost(self.default_max_tokens) - call.prompt_tokens

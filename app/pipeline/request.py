@@ -8,7 +8,7 @@ usage from a stream). Unknown fields always pass through.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,9 +80,10 @@ class ClientRequest:
     session_header: str | None = None  # x-session-id (or Claude Code's own) if sent
 
     # Responses API: the only domain that can serve it (it holds `previous_response_id`),
-    # and who to tell the id of the response the answer created (id, serving domain).
+    # and who to tell the id of the response the answer created (id, serving domain),
+    # awaited before the client sees that id.
     home: str | None = None
-    on_response: Callable[[str, str], None] | None = None
+    on_response: Callable[[str, str], Awaitable[None]] | None = None
     # A client WebSocket's own upstream sockets (domains with responses_websocket).
     sockets: UpstreamSockets | None = None
     # The client's W3C trace headers (read only while tracing is on), and whether the

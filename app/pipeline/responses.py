@@ -2,19 +2,25 @@
 follow one.
 
     POST /v1/responses (HTTP, or one WebSocket `response.create`)
-      previous_response_id? ── homes.where(id) ──► call.home: only that domain serves it
+      previous_response_id? ── homes.where(id), owned by this key? ──► call.home: only
+      │                        that domain serves it; else 400 previous_response_not_found
       └► Pipeline.handle: limits, queue, retries, fallback, metrics, ledger
            └► the answer names its id (JSON `id`, stream `response.created`)
-                └► homes.remember(id, Home(domain, key))          unless `store: false`
+                └► homes.remember(id, Home(domain, key)): the owner is in the database
+                   before the client sees the id                 unless `store: false`
 
     GET / DELETE /v1/responses/{id}, POST …/cancel, GET …/input_items
-      └► the home domain; an id the gateway does not know: each domain serving the
-         Responses API in turn, until one has it (404 in OpenAI's shape if none does).
-         Relayed as the upstream answered; not charged to the key's limits.
+      └► owned by this key (the database says so)? the home domain, relayed as it
+         answered; else 404 not_found, the same for an id nobody created, and no
+         upstream is asked.
 
     POST /v1/responses/input_tokens
       └► a domain serving the model; if none speaks that route, the gateway's own
-         estimate, marked `x-tokengate-estimated: true`. Never charged.
+         estimate, marked `x-tokengate-estimated: true`.
+
+Following a stored response and counting input tokens go through the key's admission
+first (`Toll`): a key refused on chat is refused here too, before any upstream is asked;
+each is charged a request and no tokens.
 
 A response belongs to the key that created it: another key asking for it (or chaining
 from it) gets the answer for an unknown id.
@@ -28,13 +34,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
 
 from app.dispatch.domain import Domain
 from app.dispatch.homes import Home, ResponseHomes
-from app.errors import InvalidRequest, NotFound, UpstreamFailed
+from app.errors import GatewayError, InvalidRequest, NotFound, UpstreamFailed
 from app.limits import estimate
 from app.metrics import Metrics
 from app.pipeline.answer import Answer
@@ -84,23 +91,46 @@ class ResponsesService:
         self.homes = homes
         self.metrics = metrics
         self.clock = clock
+        self.toll = pipeline.toll
 
     # -- creating ----------------------------------------------------------------------
     async def create(self, call: ClientRequest) -> Answer:
         previous = call.body.get("previous_response_id")
         if isinstance(previous, str) and previous:
-            home = await self.homes.where(previous)
-            if home is not None:
-                if home.owner != call.key.alias:
-                    raise previous_not_found(previous)
-                call.home = home.domain
+            call.home = (await self._owned(call.key, previous, previous_not_found)).domain
         stored = call.body.get("store") is not False  # OpenAI: else kept nowhere
         if stored and call.endpoint is not RESPONSES_COMPACT:  # a compaction is no response
             call.on_response = partial(self._created, call.key.alias)
         return await self.pipeline.handle(call)
 
-    def _created(self, owner: str, response_id: str, domain: str) -> None:
-        self.homes.remember(response_id, Home(domain, owner))
+    async def _created(self, owner: str, response_id: str, domain: str) -> None:
+        await self.homes.remember(response_id, Home(domain, owner))
+
+    async def _owned(
+        self, key: KeySpec, response_id: str, unknown: Callable[[str], GatewayError]
+    ) -> Home:
+        """The home of a response `key` created; anything else (an id no key created,
+        another key's, a malformed one) is the same `unknown(id)`, decided without asking
+        any upstream."""
+        home = await self.homes.where(response_id) if _ID.match(response_id) else None
+        if home is None or home.owner != key.alias:
+            raise unknown(response_id)
+        return home
+
+    async def warm_up(self, key: KeySpec, model: object, request_id: str) -> None:
+        """A WebSocket `generate: false`: nothing goes upstream, but it is a request of the
+        key's all the same (admitted, charged one request and no tokens, logged)."""
+        started, status, ticket = self.clock(), 200, None
+        try:
+            ticket = await self.toll.admit(key, 0)
+        except GatewayError as exc:
+            status = exc.status
+            raise
+        finally:
+            if ticket is not None:
+                name = model if isinstance(model, str) else None
+                self.toll.settle(ticket, key, name, "-", status)
+            self._log(request_id, key, "responses_ws.warmup", "-", status, started)
 
     # -- following a stored response ------------------------------------------------------
     async def follow(
@@ -115,85 +145,77 @@ class ResponsesService:
         """Relay `method /v1/responses/{id}{suffix}?{query}` to the domain holding `id`."""
         started = self.clock()
         endpoint = f"responses{suffix.replace('/', '.')}.{method.lower()}"
-        status, domain_name = 404, "-"
+        status, domain_name, ticket = 404, "-", None
         try:
-            home = await self._home(key, response_id)
-            candidates = self._candidates(key, home)
+            ticket = await self.toll.admit(key, 0)  # an unknown id costs a request too
+            home = await self._owned(key, response_id, _unknown)
+            domain = self._home_domain(key, home)
             path = f"/v1/responses/{response_id}{suffix}" + (f"?{query}" if query else "")
             stream = parse_qs(query).get("stream", [""])[-1].lower() == "true"
-            relayed, domain_name = await self._first_holder(
-                candidates, path, method, stream, request_id, probing=home is None
-            )
-            status = relayed.status
+            relayed = await self._relay_to(domain, path, method, stream, request_id)
+            status, domain_name = relayed.status, domain.name
+            relayed.headers.update(ticket.headers())
             if method == "DELETE" and status == 200:
-                self.homes.forget(response_id)
+                await self.homes.forget(response_id)
             return relayed
-        except (NotFound, UpstreamFailed) as exc:
-            status = exc.status
+        except BaseException as exc:
+            status = exc.status if isinstance(exc, GatewayError) else 499
             raise
         finally:
+            if ticket is not None:
+                self.toll.settle(ticket, key, None, domain_name, status)
             self._log(request_id, key, endpoint, domain_name, status, started)
 
-    async def _home(self, key: KeySpec, response_id: str) -> Home | None:
-        if not _ID.match(response_id):
-            raise _unknown(response_id)
-        home = await self.homes.where(response_id)
-        if home is not None and home.owner != key.alias:
-            raise _unknown(response_id)
-        return home
-
-    def _candidates(self, key: KeySpec, home: Home | None) -> list[Domain]:
-        domains = [d for d in self.pipeline.planner.responders if key.domain in (None, d.name)]
-        if home is not None:
-            domains = [d for d in domains if d.name == home.domain]
-        return domains
-
-    async def _first_holder(
-        self,
-        candidates: list[Domain],
-        path: str,
-        method: str,
-        stream: bool,
-        request_id: str,
-        *,
-        probing: bool,
-    ) -> tuple[Relayed, str]:
-        """The first domain's answer that is not a 404 (each in turn when `probing`)."""
-        last: Relayed | None = None
-        failed: AttemptFailed | None = None
-        for i, domain in enumerate(candidates):
-            body = b"" if method == "POST" else None
-            try:
-                resp = await domain.client.send(
-                    path, body, stream=stream, request_id=request_id, method=method
-                )
-            except AttemptFailed as failure:
-                failed = failure
-                continue
-            relayed = await _relay(resp, stream, domain.name)
-            if relayed.status == 404 and probing and i + 1 < len(candidates):
-                last = relayed
-                continue
-            return relayed, domain.name
-        if last is not None:
-            return last, "-"
-        if failed is not None:
-            raise UpstreamFailed(f"no domain answered ({failed.reason})")
+    def _home_domain(self, key: KeySpec, home: Home) -> Domain:
+        for d in self.pipeline.planner.responders:
+            if d.name == home.domain and key.domain in (None, d.name):
+                return d
         raise NotFound("no domain serves the Responses API for this key")
+
+    @staticmethod
+    async def _relay_to(
+        domain: Domain, path: str, method: str, stream: bool, request_id: str
+    ) -> Relayed:
+        body = b"" if method == "POST" else None
+        try:
+            resp = await domain.client.send(
+                path, body, stream=stream, request_id=request_id, method=method
+            )
+        except AttemptFailed as failed:
+            raise UpstreamFailed(f"domain {domain.name} did not answer ({failed.reason})") from None
+        return await _relay(resp, stream, domain.name)
 
     # -- counting input tokens -------------------------------------------------------------
     async def input_tokens(self, key: KeySpec, raw: bytes, request_id: str) -> Relayed:
+        """Admitted like a request with its input (`Toll`), charged a request and no
+        tokens; counted upstream, or by the gateway's estimate."""
         started = self.clock()
-        body = parse_json(raw)
+        body: dict[str, Any] = {}
+        status, domain_name, ticket = 200, "-", None
+        try:
+            body = parse_json(raw)
+            ticket = await self.toll.admit(key, _estimate(body))
+            relayed, domain_name = await self._count(key, body, request_id)
+            relayed.headers.update(ticket.headers())
+            return relayed
+        except BaseException as exc:
+            status = exc.status if isinstance(exc, GatewayError) else 499
+            raise
+        finally:
+            if ticket is not None:
+                self.toll.settle(ticket, key, body.get("model"), domain_name, status)
+            self._log(request_id, key, "responses.input_tokens", domain_name, status, started)
+
+    async def _count(
+        self, key: KeySpec, body: dict[str, Any], request_id: str
+    ) -> tuple[Relayed, str]:
         asked = body.get("model") or self.pipeline.runtime.default_model
         target = self.pipeline.planner.target(key, asked) if isinstance(asked, str) else None
         previous = body.get("previous_response_id")
-        home = None
+        candidates = [d for d in self.pipeline.planner.responders if key.domain in (None, d.name)]
         if isinstance(previous, str) and previous:
-            home = await self.homes.where(previous)
-            if home is not None and home.owner != key.alias:
-                raise previous_not_found(previous)
-        candidates = self._candidates(key, home)
+            home = await self._owned(key, previous, previous_not_found)
+            candidates = [d for d in candidates if d.name == home.domain]
         if target is not None:
             candidates = [d for d in candidates if d.serves(target)]
             body["model"] = target
@@ -208,17 +230,12 @@ class ResponsesService:
             relayed = await _relay(resp, False, domain.name)
             if relayed.status in _NOT_SERVED and b"previous_response_not_found" not in relayed.body:
                 continue
-            self._log(request_id, key, "responses.input_tokens", domain.name, 200, started)
-            return relayed
-        count = estimate.responses_prompt_tokens(
-            body.get("input"), body.get("instructions"), body.get("tools")
-        )
-        self._log(request_id, key, "responses.input_tokens", "-", 200, started)
+            return relayed, domain.name
         return Relayed(
             200,
-            orjson.dumps({"object": "response.input_tokens", "input_tokens": count}),
+            orjson.dumps({"object": "response.input_tokens", "input_tokens": _estimate(body)}),
             headers={"x-tokengate-estimated": "true"},
-        )
+        ), "-"
 
     def _log(
         self, request_id: str, key: KeySpec, endpoint: str, domain: str, status: int, t0: float
@@ -235,6 +252,12 @@ class ResponsesService:
                 "duration_ms": round(seconds * 1000, 2),
             }
             access_log.info("request", extra={"fields": fields})
+
+
+def _estimate(body: dict[str, Any]) -> int:
+    return estimate.responses_prompt_tokens(
+        body.get("input"), body.get("instructions"), body.get("tools")
+    )
 
 
 def _unknown(response_id: str) -> NotFound:

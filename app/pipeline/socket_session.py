@@ -7,8 +7,11 @@ same events an SSE stream has, one per text frame, ending with `response.complet
 `response.incomplete` or `response.failed`. Requests on one connection are served one
 after the other.
 
-    response.create ─► generate: false ─► an id, nothing generated, nothing charged
-          │               (a warm-up: later requests may continue from it)
+    every message ─► the key again (no longer valid: an error event, then the end of the
+          │          connection); at most server.max_body_bytes, conversation included
+    response.create ─► generate: false ─► an id, nothing generated upstream; admitted
+          │               and charged one request, no tokens (a warm-up: later requests
+          │               may continue from it)
           └► previous_response_id known to this connection?
                yes: input = its input + its output items + the new items (the upstream is
                     stateless HTTP, so the whole conversation is sent; `store: false`
@@ -41,7 +44,13 @@ from typing import Any
 
 import orjson
 
-from app.errors import GatewayError, InvalidRequest, PayloadTooLarge, UpstreamRejected
+from app.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    UpstreamRejected,
+)
 from app.metrics import Metrics
 from app.pipeline.answer import StreamAnswer
 from app.pipeline.request import RESPONSES_SOCKET
@@ -64,11 +73,14 @@ class Turn:
 
     items: list[Any]  # the whole input it was generated from
     output: list[Any]  # the items it produced (`response.output_item.done`)
+    size: int = 0  # bytes of its JSON (input and output): what it makes the connection keep
 
 
 class SocketSession:
-    """`authenticate` is asked again for every request, so a key that expires, or is
-    removed by a reload, stops working on a connection opened before."""
+    """`authenticate` is asked again for every message, so a key that expires, or is
+    removed by a reload, stops working on a connection opened before (`handle` says the
+    connection must end). Every message is at most `max_body`, and so is the conversation
+    it continues; a warm-up is admitted and charged a request like any other."""
 
     def __init__(
         self,
@@ -93,37 +105,70 @@ class SocketSession:
         self.cached = cached
         self.new_request_id = new_request_id
         self.clock = clock
+        self.busy = False  # a message is being answered (the connection is not idle)
+        self.kept_bytes = 0  # the sizes of `turns`
 
-    async def handle(self, text: str, send: Send) -> None:
-        """Answer one client message (all its events are sent before this returns)."""
+    async def handle(self, text: str, send: Send) -> bool:
+        """Answer one client message (all its events are sent before this returns);
+        False: the key is no longer valid, and the connection must end."""
         started = self.clock()
+        self.busy = True
         try:
-            message = _message(text)
-            kind = message.get("type")
-            if kind in _QUIET:
-                self.metrics.record_socket_message("ignored")
-                return
-            if kind != "response.create":
-                raise InvalidRequest(
-                    f"unsupported event type {str(kind)[:64]!r}; send 'response.create'",
-                    param="type",
-                    code="unknown_event_type",
-                )
-            if message.get("background") is True:
-                raise InvalidRequest(
-                    "background responses are not supported in WebSocket mode",
-                    param="background",
-                )
-            body, items = self._body(message)
-            if message.get("generate") is False:
-                self.metrics.record_socket_message("warmup")
-                await self._warm_up(body, items, send)
-                return
-            self.metrics.record_socket_message("create")
-            await self._create(body, items, started, send)
-        except GatewayError as exc:
-            self.metrics.record_socket_message("refused")
-            await send(_error_frame(exc))
+            try:
+                key = self.authenticate()  # every message, of every kind
+            except AuthenticationFailed as exc:
+                self.metrics.record_socket_message("refused")
+                await send(_error_frame(exc))
+                return False
+            try:
+                await self._answer(key, text, started, send)
+            except GatewayError as exc:
+                self.metrics.record_socket_message("refused")
+                await send(_error_frame(exc))
+            return True
+        finally:
+            self.busy = False
+
+    async def _answer(self, key: KeySpec, text: str, started: float, send: Send) -> None:
+        if len(text) > self.max_body:  # a reload may have lowered it below ws_max_size
+            raise self._too_large(len(text))
+        message = _message(text)
+        kind = message.get("type")
+        if kind in _QUIET:
+            self.metrics.record_socket_message("ignored")
+            return
+        if kind != "response.create":
+            raise InvalidRequest(
+                f"unsupported event type {str(kind)[:64]!r}; send 'response.create'",
+                param="type",
+                code="unknown_event_type",
+            )
+        if message.get("background") is True:
+            raise InvalidRequest(
+                "background responses are not supported in WebSocket mode",
+                param="background",
+            )
+        body, items = self._body(message)
+        # The whole conversation, as the upstream would get it: what a warm-up makes the
+        # connection keep, so it is bounded like a request body.
+        raw = orjson.dumps(body)
+        if len(raw) > self.max_body:
+            raise self._too_large(len(raw))
+        if message.get("generate") is False:
+            self.metrics.record_socket_message("warmup")
+            await self.service.warm_up(key, body.get("model"), self.new_request_id())
+            await self._warm_up(body, Turn(items, [], len(raw)), send)
+            return
+        self.metrics.record_socket_message("create")
+        await self._create(key, raw, items, started, send)
+
+    def _too_large(self, size: int) -> PayloadTooLarge:
+        """What the same request over HTTP would get."""
+        return PayloadTooLarge(
+            f"the conversation is {size} bytes, over the gateway's limit of "
+            f"{self.max_body} bytes (server.max_body_bytes)",
+            should_retry=False,
+        )
 
     async def close(self) -> None:
         """The client connection ended: its upstream sockets end with it."""
@@ -145,15 +190,23 @@ class SocketSession:
         return body, items
 
     def _keep(self, response_id: str, turn: Turn) -> None:
+        """The latest turn always; older ones while they are at most `cached`, and their
+        sizes add up to at most `max_body` (turns of one conversation share their items,
+        but turns of different branches do not: this bounds the items a connection holds
+        to one request body's worth)."""
         self.turns[response_id] = turn
-        while len(self.turns) > self.cached:
-            self.turns.popitem(last=False)
+        self.kept_bytes += turn.size
+        while len(self.turns) > 1 and (
+            len(self.turns) > self.cached or self.kept_bytes > self.max_body
+        ):
+            _, dropped = self.turns.popitem(last=False)
+            self.kept_bytes -= dropped.size
 
-    async def _warm_up(self, body: dict[str, Any], items: list[Any], send: Send) -> None:
+    async def _warm_up(self, body: dict[str, Any], turn: Turn, send: Send) -> None:
         """`generate: false`: nothing goes upstream; the id lets the next request send only
         what is new."""
         response_id = f"resp_{uuid.uuid4().hex}"
-        self._keep(response_id, Turn(items, []))
+        self._keep(response_id, turn)
         response: dict[str, Any] = {
             "id": response_id,
             "object": "response",
@@ -168,22 +221,15 @@ class SocketSession:
         await send(_frame({"type": "response.completed", "response": done, "sequence_number": 1}))
 
     async def _create(
-        self, body: dict[str, Any], items: list[Any], started: float, send: Send
+        self, key: KeySpec, raw: bytes, items: list[Any], started: float, send: Send
     ) -> None:
-        key = self.authenticate()
-        raw = orjson.dumps(body)
-        if len(raw) > self.max_body:  # what the same request over HTTP would get
-            raise PayloadTooLarge(
-                f"the conversation is {len(raw)} bytes, over the gateway's limit of "
-                f"{self.max_body} bytes (server.max_body_bytes)",
-                should_retry=False,
-            )
         call = parse_call(RESPONSES_SOCKET, raw, key, self.new_request_id(), self.headers, started)
         call.sockets = self.sockets
         answer = await self.service.create(call)
         if not isinstance(answer, StreamAnswer):  # stream is always set: a bug if not
             raise InvalidRequest("the upstream did not stream the response")
         output: list[Any] = []
+        size = len(raw)
         final: dict[str, Any] | None = None
         try:
             async for chunk in answer.body():
@@ -192,6 +238,7 @@ class SocketSession:
                     if event is not None:
                         if event.get("type") == "response.output_item.done":
                             output.append(event.get("item"))
+                            size += len(payload)
                         elif event.get("type") in RESPONSES_TERMINAL:
                             final = event.get("response")
                     await send(payload.decode())
@@ -200,7 +247,7 @@ class SocketSession:
         if isinstance(final, dict) and final.get("status") in ("completed", "incomplete"):
             response_id = final.get("id")
             if isinstance(response_id, str):
-                self._keep(response_id, Turn(items, output))
+                self._keep(response_id, Turn(items, output, size))
 
 
 def _message(text: str) -> dict[str, Any]:

@@ -88,7 +88,8 @@ class SseRelay:
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward now (zero or more complete events)."""
-        if not self._tail and chunk.find(_SEP) == len(chunk) - 2 and b"\r" not in chunk:
+        end = len(chunk) - 2  # (a 1-byte chunk: find's -1 would match a -1 here)
+        if not self._tail and end >= 0 and chunk.find(_SEP) == end and b"\r" not in chunk:
             # The usual read of a model's stream: exactly one whole event. No split, no
             # copies of the chunk (this runs once per token).
             return chunk if self._inspect(chunk[:-2]) else b""

@@ -135,7 +135,9 @@ def test_count_tokens_and_models_through_the_anthropic_sdk(
     )
     assert r.json()["data"][0]["type"] == "model"
     used = httpx.get(f"{gw.url}/admin/usage", headers={"authorization": f"Bearer {ADMIN}"})
-    assert used.json()["data"] == []  # counting is never charged or billed
+    # a count is a request of the key's (issue 31), but consumes and costs no tokens
+    (row,) = used.json()["data"]
+    assert row["requests"] == 1 and row["prompt_tokens"] == row["completion_tokens"] == 0
 
 
 def test_anthropic_beta_and_the_beta_query_reach_the_upstream(gw: Gateway, sim: Sim) -> None:

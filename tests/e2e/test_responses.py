@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -238,16 +239,18 @@ def test_websocket_upgrade_is_refused_with_426_or_401_at_once(sim: Sim, make_gat
 
 
 def test_previous_response_id_goes_to_its_domain_from_any_replica(
-    make_sim: Callable[..., Sim], make_gateway: Make, redis: Redis
+    make_sim: Callable[..., Sim], make_gateway: Make, redis: Redis, tmp_path: Path
 ) -> None:
     a, b = make_sim(), make_sim()
     env = {"TOKENGATE_REDIS_URL": redis.url}
-    # Replica one prefers dom-b (weight), replica two dom-a: only the shared id map can
-    # send replica two's follow-up to dom-b without trying dom-a first.
-    one = make_gateway(
-        GatewaySpec(toml={"scale_up": [domain("dom-a", a), domain("dom-b", b, weight=10)]}, env=env)
+    db = {"database": {"path": str(tmp_path / "shared.sqlite3")}}  # replicas share it
+    # Replica one prefers dom-b (weight), replica two dom-a: only the shared record of
+    # each response's home can send replica two's follow-up to dom-b.
+    scale_up = [domain("dom-a", a), domain("dom-b", b, weight=10)]
+    one = make_gateway(GatewaySpec(toml={"scale_up": scale_up}, env=env, settings=db))
+    two_spec = GatewaySpec(
+        toml={"scale_up": [domain("dom-a", a), domain("dom-b", b)]}, env=env, settings=db
     )
-    two_spec = GatewaySpec(toml={"scale_up": [domain("dom-a", a), domain("dom-b", b)]}, env=env)
     two_spec.secrets = one.keys
     two = make_gateway(two_spec)
     with one.openai() as client:

@@ -6,7 +6,8 @@ loopback with working credentials (the admin key on `/admin/*`, a gateway key
 elsewhere), and each answer must pass `not_a_server_error`: no 5xx, ever, for anything
 the schema lets a client send. The proxy routes read a raw `Request`, so their schema has
 no body model: a second test sends random JSON bodies (shaped like OpenAI requests, and
-not) to them directly.
+not) to them directly, and a third random frames to the Responses WebSocket mode over one
+real connection (not in the schema either).
 
 Needs the `schemathesis` package (dev extra).
 """
@@ -21,6 +22,7 @@ import httpx
 import orjson
 import pytest
 import schemathesis
+import websockets.sync.client as ws_client
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -100,7 +102,16 @@ def test_every_operation_of_the_openapi_schema_never_answers_5xx(
     assert httpx.get(f"{gw.url}/health").status_code == 200
 
 
-PROXY_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"]
+PROXY_PATHS = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/responses/compact",
+    "/v1/responses/input_tokens",
+]
 
 
 def test_random_json_bodies_on_the_proxy_routes_never_answer_5xx(
@@ -132,3 +143,65 @@ def test_random_json_bodies_on_the_proxy_routes_never_answer_5xx(
     assert bad == [], bad[:5]
     assert time.monotonic() - started < 60
     assert httpx.get(f"{gw.url}/health").status_code == 200
+
+
+# -- the Responses WebSocket mode: not in the OpenAPI schema, fuzzed over a real socket ------
+socket_frames = st.one_of(
+    st.text(max_size=80),
+    st.binary(max_size=40).map(lambda b: b.decode("utf-8", "replace")),
+    request_like.map(lambda b: orjson.dumps({"type": "response.create", **b}).decode()),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["response.create", "response.processed", "session.update"])},
+        optional={
+            "generate": st.one_of(st.just(False), st.booleans()),
+            "model": st.sampled_from(["gpt-4o", "nope", ""]),
+            "input": st.one_of(st.text(max_size=20), st.lists(st.text(max_size=8), max_size=3)),
+            "previous_response_id": st.text(max_size=30),
+            "background": st.booleans(),
+            "store": st.booleans(),
+        },
+    ).map(lambda d: orjson.dumps(d).decode()),
+)
+
+
+def _acknowledgement(text: str) -> bool:
+    try:
+        message = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(message, dict) and message.get("type") == "response.processed"
+
+
+def test_random_websocket_frames_are_answered_never_with_a_server_error(
+    sim: Sim, make_gateway: Make
+) -> None:
+    gw = fuzz_gateway(make_gateway, sim)
+    url = gw.url.replace("http", "ws") + "/v1/responses"
+    bad: list[tuple[str, str]] = []
+    with ws_client.connect(url, additional_headers=gw.headers()) as conn:
+
+        @settings(FUZZ, max_examples=80)
+        @given(socket_frames)
+        def check(text: str) -> None:
+            conn.send(text)
+            if _acknowledgement(text):
+                return  # gets no answer
+            while True:
+                try:
+                    event = orjson.loads(conn.recv(timeout=10))
+                except TimeoutError:
+                    bad.append((text[:200], "no answer in 10 s"))
+                    return
+                kind = event.get("type") if isinstance(event, dict) else None
+                if kind == "error":
+                    if event.get("status", 500) >= 500:
+                        bad.append((text[:200], str(event)[:300]))
+                    return
+                if kind in ("response.completed", "response.incomplete", "response.failed"):
+                    return
+
+        check()
+    assert bad == [], bad[:5]
+    assert httpx.get(f"{gw.url}/health").status_code == 200
+    tracebacks = [line for line in gw.log_lines() if "Traceback" in str(line)]
+    assert tracebacks == []

@@ -47,7 +47,11 @@ async def test_count_tokens_goes_to_an_anthropic_domain_with_its_key(
     assert sent.headers["x-api-key"] == "sk-upstream" and "authorization" not in sent.headers
     assert sent.headers["anthropic-beta"] == "token-counting-2024-11-01"
     gw = gateway_of(client)
-    assert gw.admission.store.buckets._keys == {}  # type: ignore[attr-defined]  # never charged
+    # charged a request, no tokens (issue 31: every route that reaches an upstream)
+    limit = int(r.headers["x-ratelimit-limit-requests"])
+    assert r.headers["x-ratelimit-remaining-requests"] == str(limit - 1)
+    (buckets,) = gw.admission.store.buckets._keys.values()  # type: ignore[attr-defined]
+    assert buckets.tokens.level == buckets.tokens.capacity  # the reservation went back
     assert 'tokengate_requests_total{domain="default",model="claude-x",status="200"} 1.0' in (
         gw.render_metrics().decode()
     )

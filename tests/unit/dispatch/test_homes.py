@@ -1,12 +1,19 @@
-"""Where stored responses live: the bounded local map, and the shared store behind it."""
+"""Where stored responses live and whose they are: the bounded local cache, and the
+database behind it (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import AsyncIterator
+from pathlib import Path
 
+import pytest
+
+from app.config.schema import DatabaseConfig
+from app.db import migrate
+from app.db.engine import Database
+from app.db.owners import ResponseOwners
 from app.dispatch.homes import Home, LocalHomes, ResponseHomes
+from app.errors import ServiceUnavailable
 from tests.support.clock import FakeClock
 
 A = Home("dom-a", "alice")
@@ -23,43 +30,47 @@ def test_local_entries_expire_and_the_least_recent_goes_first(clock: FakeClock) 
     assert homes.where("r1") is None and homes.where("r3") is None
 
 
-def test_home_round_trips_through_its_text_form() -> None:
-    assert Home.decode(A.encode()) == A
-    assert Home.decode("") is None and Home.decode("dom-a") is None
+@pytest.fixture
+async def db(database_cfg: DatabaseConfig) -> AsyncIterator[Database]:
+    database = Database(database_cfg)
+    await migrate.prepare(database)
+    yield database
+    await database.close()
 
 
-class FakeShared:
-    def __init__(self) -> None:
-        self.values: dict[str, tuple[str, float]] = {}
+async def test_what_one_process_forgot_the_database_still_knows(db: Database) -> None:
+    one = ResponseHomes(LocalHomes(1, 60), ResponseOwners(db, 3600))
+    await one.remember("resp_1", A)
+    await one.remember("resp_2", Home("dom-b", "bob"))  # evicts resp_1 from the cache
+    assert one.local.where("resp_1") is None
+    assert await one.where("resp_1") == A  # the database answers, and the cache learns it
+    two = ResponseHomes(LocalHomes(10, 60), ResponseOwners(db, 3600))  # a restart, a replica
+    assert await two.where("resp_1") == A and await two.where("resp_never") is None
+    await two.remember("resp_1", Home("dom-b", "mallory"))  # a second claim changes nothing
+    fresh = ResponseHomes(LocalHomes(10, 60), ResponseOwners(db, 3600))
+    assert await fresh.where("resp_1") == A
+    await two.forget("resp_1")
+    assert await ResponseHomes(LocalHomes(10, 60), ResponseOwners(db, 3600)).where("resp_1") is None
 
-    async def put_text(self, name: str, value: str, ttl_sec: float) -> None:
-        self.values[name] = (value, ttl_sec)
 
-    async def get_text(self, name: str) -> str | None:
-        entry = self.values.get(name)
-        return entry[0] if entry else None
+async def test_owners_expire_and_are_pruned(db: Database) -> None:
+    owners = ResponseOwners(db, -1)  # already past its lifetime
+    await owners.record("resp_old", "alice", "dom-a")
+    assert await owners.find("resp_old") is None  # expired: unknown, even before pruning
+    await ResponseOwners(db, 3600).record("resp_new", "alice", "dom-a")
+    assert await owners.prune() == 1
+    assert await owners.find("resp_new") == ("alice", "dom-a")
 
-    async def delete_text(self, name: str) -> None:
-        self.values.pop(name, None)
 
-
-async def test_a_replica_finds_what_another_remembered() -> None:
-    shared = FakeShared()
-    tasks: list[asyncio.Task[None]] = []
-
-    def spawn(coro: Coroutine[Any, Any, None]) -> None:
-        tasks.append(asyncio.ensure_future(coro))
-
-    one = ResponseHomes(LocalHomes(10, 60), shared, spawn)
-    two = ResponseHomes(LocalHomes(10, 60), shared, spawn)
-    one.remember("resp_1", A)
-    await asyncio.gather(*tasks)
-    assert shared.values["resp:{resp_1}"] == ("dom-a alice", 60)
-    assert await two.where("resp_1") == A
-    assert two.local.where("resp_1") == A  # cached: the next lookup costs no round trip
-    two.forget("resp_1")
-    await asyncio.gather(*tasks)
-    # Another replica's cache keeps it (its upstream's 404 then says it is gone), but no
-    # replica that asks the shared store finds it any more.
-    assert await one.where("resp_1") == A
-    assert await ResponseHomes(LocalHomes(10, 60), shared, spawn).where("resp_1") is None
+async def test_an_unreachable_database_refuses_what_the_cache_can_not_vouch_for(
+    tmp_path: Path,
+) -> None:
+    down = Database(DatabaseConfig(path=str(tmp_path / "missing" / "x.sqlite3")))
+    await down.close()
+    homes = ResponseHomes(LocalHomes(10, 60), ResponseOwners(down, 3600))
+    (tmp_path / "missing").rmdir()  # no file, no directory: every statement fails
+    (tmp_path / "missing").write_text("not a directory")
+    await homes.remember("resp_1", A)  # logged; the creator still has it from the cache
+    assert await homes.where("resp_1") == A
+    with pytest.raises(ServiceUnavailable):
+        await homes.where("resp_2")

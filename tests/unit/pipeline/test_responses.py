@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.errors import InvalidRequest, NotFound, UpstreamRejected
+from app.errors import InvalidRequest, NotFound
 from app.gateway import Gateway
 from app.pipeline.answer import JsonAnswer, StreamAnswer
 from app.pipeline.request import RESPONSES
@@ -107,32 +107,16 @@ async def test_a_follow_up_goes_to_the_domain_holding_its_predecessor(
     assert (row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"]) == (18, 4, 8)
 
 
-async def test_an_unknown_predecessor_is_looked_for_domain_by_domain(
+async def test_an_unknown_predecessor_is_refused_without_asking_any_domain(
     two: Callable[..., Gateway],
 ) -> None:
     seen: Seen = []
-    missing = {
-        "error": {
-            "message": "Previous response with id 'resp_x' not found.",
-            "type": "invalid_request_error",
-            "code": "previous_response_not_found",
-        }
-    }
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.host == "a":
-            return httpx.Response(400, json=missing)
-        return httpx.Response(200, json=response())
-
-    gw = two(upstream(seen, answer))
-    found = await create(gw, {"input": "x", "previous_response_id": "resp_x"})
-    assert found.headers["x-tokengate-domain"] == "b"
-    seen.clear()
-    gw2 = two(upstream(seen, lambda r: httpx.Response(400, json=missing)))
-    with pytest.raises(UpstreamRejected) as nowhere:
-        await create(gw2, {"input": "x", "previous_response_id": "resp_x"})
-    assert nowhere.value.status == 400 and b"previous_response_not_found" in nowhere.value.raw_body
-    assert [host for host, _, _ in seen] == ["a", "b"]
+    gw = two(upstream(seen, lambda r: httpx.Response(200, json=response())))
+    for unknown in ("resp_x", "../x"):
+        with pytest.raises(InvalidRequest) as refused:
+            await create(gw, {"input": "x", "previous_response_id": unknown})
+        assert refused.value.code == "previous_response_not_found"
+    assert seen == []
 
 
 async def test_unstored_responses_are_not_remembered_and_others_keys_are_refused(
@@ -188,7 +172,7 @@ async def test_a_broken_stream_ends_with_response_failed_and_is_charged(
     assert row["errors"] == 1 and row["failed_completion_tokens"] == 2
 
 
-async def test_stored_responses_are_followed_to_their_domain_or_looked_for(
+async def test_stored_responses_are_followed_to_their_domain_only(
     two: Callable[..., Gateway],
 ) -> None:
     seen: Seen = []
@@ -208,8 +192,9 @@ async def test_stored_responses_are_followed_to_their_domain_or_looked_for(
     got = await gw.responses.follow(key, "r", "GET", "resp_b1", "/input_items", "limit=5")
     assert got.status == 200 and seen == [("b", "GET /v1/responses/resp_b1/input_items", None)]
     seen.clear()
-    probed = await gw.responses.follow(key, "r", "GET", "resp_unknown")
-    assert probed.status == 200 and [h for h, _, _ in seen] == ["a", "b"]
+    with pytest.raises(NotFound):  # an id no key created: no domain is asked
+        await gw.responses.follow(key, "r", "GET", "resp_unknown")
+    assert seen == []
     await gw.responses.follow(key, "r", "DELETE", "resp_b1")
     assert await gw.responses.homes.where("resp_b1") is None
     seen.clear()

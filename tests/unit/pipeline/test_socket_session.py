@@ -68,7 +68,7 @@ class Socket:
     async def say(self, message: dict[str, Any] | str) -> list[dict[str, Any]]:
         self.frames = []
         text = message if isinstance(message, str) else json.dumps(message)
-        await self.session.handle(text, self._send)
+        self.open = await self.session.handle(text, self._send)
         return self.frames
 
 
@@ -159,4 +159,31 @@ async def test_refusals_are_error_events_with_their_http_status(
     assert len(ws.bodies) == 1
     ws.revoked = True  # a reload removed the key: the open connection stops serving it
     (revoked,) = await ws.say(create(input="z"))
-    assert revoked["status"] == 401
+    assert revoked["status"] == 401 and ws.open is False  # and the connection must end
+
+
+async def test_warm_ups_are_bounded_charged_and_re_authorised(
+    connect: Callable[..., Any],
+) -> None:
+    ws = await connect(rpm=4)
+    previous, statuses = None, []
+    for _ in range(5):  # 1,000 bytes each, chained: the conversation passes max_body 4,000
+        ask = create(input="w" * 1000, generate=False)
+        if previous is not None:
+            ask["previous_response_id"] = previous
+        frames = await ws.say(ask)
+        statuses.append(frames[-1].get("status", 200))
+        if frames[-1]["type"] == "response.completed":
+            previous = frames[-1]["response"]["id"]
+    assert statuses == [200, 200, 200, 413, 413]
+    # a refused warm-up keeps nothing, and what is kept is one request body's worth at most
+    (kept,) = ws.session.turns.values()  # the chain's latest turn holds the whole chain
+    assert len(kept.items) == 3 and ws.session.kept_bytes == kept.size <= 4000
+    (ok,) = (await ws.say(create(input="x", generate=False)))[-1:]
+    assert ok["type"] == "response.completed"
+    (limited,) = await ws.say(create(input="x", generate=False))  # the 5th request
+    assert limited["status"] == 429
+    ws.revoked = True
+    (refused,) = await ws.say(create(type="response.processed"))  # any kind of message
+    assert refused["status"] == 401 and ws.open is False
+    assert ws.bodies == []
