@@ -32,7 +32,9 @@ import httpx
 
 from app.billing.prices import PriceList
 from app.config.errors import ConfigError
-from app.config.sources import ConfigFiles, load_settings, secret_environ
+from app.config.schema import Settings
+from app.config.sources import PLACEHOLDER, ConfigFiles, load_settings, secret_environ
+from app.config.variables import warnings
 from app.preflight import findings
 from app.runtime import Runtime, compile_runtime
 
@@ -299,7 +301,11 @@ def run_check(
     if target is None or (files.config.exists() and files.settings.exists()):
         try:
             environ = secret_environ()
+            if target is not None:  # the gateway holds the upstream keys, not this shell
+                environ = _without_upstream_keys(files, environ)
             settings = load_settings(files, environ)
+            if target is not None:
+                environ = _key_placeholders(environ, _key_variables(settings))
             # The chain to the upstream does not need gateway keys; `serve` does (below).
             runtime = compile_runtime(
                 settings, environ, no_auth=True, source=f"{files.settings} / {files.config}"
@@ -318,6 +324,8 @@ def run_check(
             _unpriced(runtime, configured_models(runtime))
     else:
         _say("      skipped: no local config files (checking a remote gateway)")
+    for line in warnings(os.environ):
+        _say(f"      warning: {line}")
     serveable = True
     if target is None:
         assert runtime is not None
@@ -345,6 +353,31 @@ def run_check(
         f"verified in {time.monotonic() - started:.1f}s"
     )
     return 0 if ok else 1
+
+
+_NOT_NEEDED = "not-needed-to-check-a-running-gateway"
+
+
+def _key_placeholders(environ: dict[str, str], names: set[str]) -> dict[str, str]:
+    """`environ` with a stand-in for each of `names` that is unset or empty."""
+    return environ | {n: _NOT_NEEDED for n in names if not environ.get(n)}
+
+
+def _without_upstream_keys(files: ConfigFiles, environ: dict[str, str]) -> dict[str, str]:
+    """With `--target` the chain is checked through a running gateway, which holds the
+    upstream keys: the `${VAR}`s of settings.json need not be set in this shell."""
+    try:
+        text = files.settings.read_text("utf-8")
+    except OSError:
+        return environ
+    return _key_placeholders(environ, set(PLACEHOLDER.findall(text)))
+
+
+def _key_variables(settings: Settings) -> set[str]:
+    """The variables the domains' upstream keys are read from."""
+    entries = settings.scale_up if isinstance(settings.scale_up, list) else [settings.scale_up]
+    names = {e.api_key_env for e in entries if e is not None and e.api_key_env}
+    return names | {settings.token_scheduler.api_key_env}
 
 
 def _serve_needs(runtime: Runtime, host: str, port: int, *, no_auth: bool) -> bool:
