@@ -24,11 +24,9 @@ MODEL = "claude-sonnet"  # the seed's default route; the sim serves it
 _SECRET_WORDS = ("KEY", "PASSWORD", "SECRET", "HEADERS")
 
 
-def _command(path: Path, fallback: str) -> str:
-    """`path` as a shell word that works from the directory the demo was started in
-    (relative under `make demo`), or `fallback` (found on PATH) when it is absent."""
-    if not path.exists():
-        return fallback
+def _command(path: Path) -> str:
+    """`path` as a shell word that works from the directory the demo was started in:
+    relative under `make demo` (printed whether or not it is installed yet)."""
     relative = os.path.relpath(path, os.getcwd())
     return relative if not relative.startswith("..") else str(path)
 
@@ -52,7 +50,7 @@ def codex_config(base: str) -> str:
 
 
 def agents(base: str, key: str) -> list[tuple[str, str]]:
-    claude, codex = _command(CLAUDE, "claude"), _command(CODEX, "codex")
+    claude, codex = _command(CLAUDE), _command(CODEX)
     return [
         (
             "Claude Code (`make claude-code` installs it): it reads a file with its Read tool",
@@ -73,8 +71,8 @@ def agents(base: str, key: str) -> list[tuple[str, str]]:
 
 def snippets(base: str, key: str) -> list[tuple[str, str]]:
     """(title, shell text) of each snippet, ready to paste; the tests run each one."""
-    python = _command(Path(sys.executable).parent / "python", "python")
-    tokengate = _command(Path(sys.executable).parent / "tokengate", "tokengate")
+    python = _command(Path(sys.executable).parent / "python")
+    tokengate = _command(Path(sys.executable).parent / "tokengate")
     ping = '[{"role": "user", "content": "ping"}]'
     return [
         (
