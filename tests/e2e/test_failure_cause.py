@@ -49,8 +49,13 @@ def test_a_refused_connection_is_named_with_its_address_everywhere(make_gateway:
     message = refused.json()["error"]["message"]
     assert f"domain-a: unhealthy after {said}" in message
 
-    check = run_cli("check", *gw.args, env={**gw.env, "PATH": "/usr/bin:/bin"})
+    typo = {"TOKENGATE_LOGGING_OUTPUT": "stdout"}  # a misspelt variable: named by check too
+    check = run_cli("check", *gw.args, env={**gw.env, "PATH": "/usr/bin:/bin", **typo})
     assert check.returncode == 1 and said in check.stdout  # the same words, the same cause
+    assert (
+        "warning: TOKENGATE_LOGGING_OUTPUT is set, but tokengate reads no such variable "
+        "(ignored); did you mean TOKENGATE_LOGGING__OUTPUT?"
+    ) in check.stdout
 
 
 def test_a_key_the_upstream_refuses_is_named_401_with_the_fix(
