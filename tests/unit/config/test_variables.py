@@ -65,6 +65,8 @@ def test_a_misspelt_variable_is_named_with_the_nearest_read_name() -> None:
         "TOKENGATE_ZZZ": None,
     }
     (line,) = warnings({"TOKENGATE_LOGGING_OUTPUT": "x"})
+    (secret,) = warnings({"TOKENGATE_ADMINKEY": "s3cret-admin"})  # a misspelt secret
+    assert "s3cret" not in secret and "TOKENGATE_ADMIN_KEY" in secret  # named, never shown
     assert line == (
         "TOKENGATE_LOGGING_OUTPUT is set, but tokengate reads no such variable (ignored); "
         "did you mean TOKENGATE_LOGGING__OUTPUT?"
