@@ -35,8 +35,8 @@ define apt
 	done
 endef
 
-system-deps: ## install redis-server, redis-sentinel, promtool, chromium and PostgreSQL (Debian packages) when missing
-	$(call apt,redis-server:redis-server redis-sentinel:redis-sentinel promtool:prometheus chromium:chromium)
+system-deps: ## install redis-server, redis-sentinel, promtool, chromium, jq and PostgreSQL (Debian packages) when missing
+	$(call apt,redis-server:redis-server redis-sentinel:redis-sentinel promtool:prometheus chromium:chromium jq:jq)
 	$(call apt,pg_ctlcluster:postgresql)
 
 # The Codex CLI the end-to-end tests drive (tests/e2e/test_codex_cli.py), pinned, kept

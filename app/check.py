@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,9 +31,13 @@ import httpx
 
 from app.billing.prices import PriceList
 from app.config.errors import ConfigError
-from app.config.sources import ConfigFiles, load_settings, secret_environ
+from app.config.schema import Settings
+from app.config.sources import PLACEHOLDER, ConfigFiles, load_settings, secret_environ
+from app.config.variables import warnings
+from app.log import redacted_url
 from app.preflight import findings
 from app.runtime import Runtime, compile_runtime
+from app.upstream import cause
 
 PROBES, WORKERS = 16, 8
 
@@ -59,55 +62,33 @@ def _say(text: str) -> None:
 
 
 def diagnose(exc: BaseException, target: Target) -> str:
-    """One line an operator can act on, for each failure class of docs/design.md."""
+    """One line an operator can act on, for each failure class of docs/design.md (the
+    classification `app.upstream.cause` makes for the gateway too)."""
     if isinstance(exc, httpx.ConnectError):
-        root = exc.__cause__ or exc.__context__
-        text = f"{exc} {root!r}"
-        if (
-            isinstance(root, socket.gaierror)
-            or "Name or service not known" in text
-            or ("nodename nor servname" in text or "Temporary failure in name resolution" in text)
-        ):
-            host = httpx.URL(target.base).host
-            return (
-                f"DNS: cannot resolve '{host}'. Check the api_base spelling and the node's DNS "
-                "resolver / egress rules."
-            )
-        return (
-            f"connection refused or unreachable at {target.base}: is the service up and the "
-            "port right? Check egress firewall rules from this node."
-        )
+        found = cause.of_exception(exc)
+        return f"{cause.summary(found, cause.address(target.base))}. {cause.advice(found)}"
     if isinstance(exc, httpx.TimeoutException):
+        shown = redacted_url(target.base)
         return (
-            f"timeout: no answer from {target.base} within {target.wait_sec:g} s "
-            "(token_scheduler.timeout_ms): egress rules, a proxy, or an overloaded upstream. "
-            "Raise token_scheduler.timeout_ms only after checking the network."
+            f"{cause.summary(cause.Cause.TIMEOUT, shown)} within {target.wait_sec:g} s "
+            f"(token_scheduler.timeout_ms): {_lower(cause.advice(cause.Cause.TIMEOUT))}"
         )
     if isinstance(exc, httpx.HTTPStatusError):
         return _diagnose_status(exc.response, target)
     return f"{type(exc).__name__}: {exc}"
 
 
+def _lower(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
 def _diagnose_status(resp: httpx.Response, target: Target) -> str:
     code = resp.status_code
-    if code == 401:
-        return (
-            f"401: the key was rejected. Is {target.key_source} set in this process's "
-            "environment, and current? Containers must pass it explicitly (-e VAR)."
-        )
-    if code == 403:
-        return "403: the key lacks the scope for this endpoint or model; ask for the scope."
-    if code == 429:
-        return (
-            "429: rate limited. The limits are too low for this traffic, or several nodes "
-            "share one key: give each domain its own key (api_key_env)."
-        )
-    if code == 404:
-        return (
-            f"404: model not found. The route names a model /v1/models does not list: fix "
-            f"model_route / model_aliases (asked for '{target.model}')."
-        )
-    return f"HTTP {code}: {resp.text[:200]}"
+    found = cause.of_status(code)
+    if found is cause.Cause.STATUS:
+        return f"HTTP {code}: {resp.text[:200]}"
+    advice = cause.advice(found, key_source=target.key_source, model=target.model or "")
+    return f"{code}: {_lower(advice)}"
 
 
 async def _models(client: httpx.AsyncClient, t: Target) -> list[str]:
@@ -299,7 +280,11 @@ def run_check(
     if target is None or (files.config.exists() and files.settings.exists()):
         try:
             environ = secret_environ()
+            if target is not None:  # the gateway holds the upstream keys, not this shell
+                environ = _without_upstream_keys(files, environ)
             settings = load_settings(files, environ)
+            if target is not None:
+                environ = _key_placeholders(environ, _key_variables(settings))
             # The chain to the upstream does not need gateway keys; `serve` does (below).
             runtime = compile_runtime(
                 settings, environ, no_auth=True, source=f"{files.settings} / {files.config}"
@@ -318,6 +303,8 @@ def run_check(
             _unpriced(runtime, configured_models(runtime))
     else:
         _say("      skipped: no local config files (checking a remote gateway)")
+    for line in warnings(os.environ):
+        _say(f"      warning: {line}")
     serveable = True
     if target is None:
         assert runtime is not None
@@ -345,6 +332,31 @@ def run_check(
         f"verified in {time.monotonic() - started:.1f}s"
     )
     return 0 if ok else 1
+
+
+_NOT_NEEDED = "not-needed-to-check-a-running-gateway"
+
+
+def _key_placeholders(environ: dict[str, str], names: set[str]) -> dict[str, str]:
+    """`environ` with a stand-in for each of `names` that is unset or empty."""
+    return environ | {n: _NOT_NEEDED for n in names if not environ.get(n)}
+
+
+def _without_upstream_keys(files: ConfigFiles, environ: dict[str, str]) -> dict[str, str]:
+    """With `--target` the chain is checked through a running gateway, which holds the
+    upstream keys: the `${VAR}`s of settings.json need not be set in this shell."""
+    try:
+        text = files.settings.read_text("utf-8")
+    except OSError:
+        return environ
+    return _key_placeholders(environ, set(PLACEHOLDER.findall(text)))
+
+
+def _key_variables(settings: Settings) -> set[str]:
+    """The variables the domains' upstream keys are read from."""
+    entries = settings.scale_up if isinstance(settings.scale_up, list) else [settings.scale_up]
+    names = {e.api_key_env for e in entries if e is not None and e.api_key_env}
+    return names | {settings.token_scheduler.api_key_env}
 
 
 def _serve_needs(runtime: Runtime, host: str, port: int, *, no_auth: bool) -> bool:

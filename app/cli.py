@@ -43,6 +43,11 @@ def _add_listen(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-auth", action="store_true", help="serve without gateway keys (trusted networks only)"
     )
+    p.add_argument(
+        "--upstream",
+        help="point every domain at this upstream: a URL, or `sim` / `sim:PORT` for a running "
+        "`tokengate sim` (then both API dialects, its key, logs to stderr, unless set)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,7 +121,22 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _point_at(args: argparse.Namespace) -> None:
+    """`--upstream`: its variables set in this process (workers and reloads inherit them)."""
+    if not getattr(args, "upstream", None):
+        return
+    from app.config.upstream_flag import variables
+
+    try:
+        added = variables(args.upstream, _files(args), os.environ)
+    except ValueError as exc:
+        print(f"tokengate: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    os.environ.update(added)
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    _point_at(args)
     if args.command == "serve":
         return _serve(args)
     if args.command == "sim":
@@ -161,6 +181,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise SystemExit("tokengate: --workers must be >= 1")
     runtime = load_runtime(files, no_auth=args.no_auth, workers=args.workers)  # validate first
+    from app.config.variables import warnings
+
+    for line in warnings(os.environ):  # a typo pydantic-settings would ignore silently
+        print(f"tokengate: warning: {line}", file=sys.stderr)
     from app.log import output_problem
 
     # The cheap local refusal before the database's: a missing log directory is said first.

@@ -1,15 +1,19 @@
 """`make demo [PORT=8080] [SIM_PORT=9090]`: the shipped config against the built-in
-simulated upstream.
+simulated upstream, the whole product in miniature.
 
-Starts `tokengate sim` and `tokengate serve` on config/config.toml + config/settings.json
-(unchanged seed files), overriding through the environment exactly what a local trial
-needs: the upstream endpoint (the sim), its key, a demo gateway key, both API dialects
-on the domain, and where logs and state go (var/). Both ports are checked first: a
+Starts `tokengate sim` (tool calls only when a request asks for one, as a model makes
+them) and `tokengate serve` on config/config.toml + config/settings.json (unchanged seed
+files), overriding through the environment what a local trial needs: the upstream
+endpoint (the sim), its key, a demo gateway key, a demo admin key (the status page at
+`/ui`), both API dialects on the domain, a `claude-*` alias for Claude Code's own
+default model, and where logs and state go (var/). Every `TOKENGATE_*` variable of the
+user's shell wins over these defaults and is listed. Both ports are checked first: a
 taken one stops the demo before anything starts, naming it. Once the gateway answers
-the demo key, prints the gateway's banner and snippets (curl, the OpenAI SDK, the
-Anthropic SDK, an agent's tool round trip, readiness, metrics, `tokengate check`), each
-of which runs as printed from the repository's root, then waits for Ctrl-C.
-`--smoke` runs one SDK call itself and exits with its result (used by the tests).
+the demo key, prints the gateway's banner, the status page's address and the snippets
+of `app.demo_text` (curl, the SDKs, a tool round trip, Claude Code, Codex, readiness,
+metrics, `tokengate check`), each of which runs as printed from the repository's root,
+then waits for Ctrl-C. `--smoke` runs one SDK call itself and exits with its result
+(used by the tests).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from app import listen
+from app import demo_text, listen
 from app.auth import digest, new_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,82 +55,12 @@ def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 3
     raise SystemExit(f"demo: {url} did not become ready in {timeout:.0f}s")
 
 
-def _command(name: str) -> str:
-    """This interpreter's `name` (python, tokengate) as a shell word that works from the
-    directory the demo was started in: `.venv/bin/python` under `make demo`."""
-    path = Path(sys.executable).parent / name
-    relative = os.path.relpath(path, os.getcwd())
-    return relative if not relative.startswith("..") else str(path)
-
-
-def snippets(base: str, key: str) -> list[tuple[str, str]]:
-    """(title, shell text) of each snippet, ready to paste; the tests run each one."""
-    python, tokengate = _command("python"), _command("tokengate")
-    ping = '[{"role": "user", "content": "ping"}]'
-    return [
-        (
-            "a chat completion with curl",
-            f"curl {base}/v1/chat/completions \\\n"
-            f'  -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\\n'
-            f'  -d \'{{"model": "claude-sonnet", "max_tokens": 8, "messages": {ping}}}\'',
-        ),
-        (
-            "the OpenAI SDK",
-            f"{python} - <<'PY'\n"
-            "from openai import OpenAI\n"
-            f'client = OpenAI(base_url="{base}/v1", api_key="{key}")\n'
-            'r = client.chat.completions.create(model="claude-sonnet", max_tokens=8,\n'
-            f"        messages={ping})\n"
-            "print(r.choices[0].message.content, r.usage)\n"
-            "PY",
-        ),
-        (
-            "the Anthropic SDK (POST /v1/messages, the same domain)",
-            f"{python} - <<'PY'\n"
-            "from anthropic import Anthropic\n"
-            f'client = Anthropic(base_url="{base}", api_key="{key}")\n'
-            'm = client.messages.create(model="claude-sonnet", max_tokens=8,\n'
-            f"        messages={ping})\n"
-            "print(m.content[0].text, m.usage)\n"
-            "PY",
-        ),
-        (
-            "an agent's round trip: the model asks for a tool, the agent answers with its result",
-            f"{python} - <<'PY'\n"
-            "from openai import OpenAI\n"
-            f'client = OpenAI(base_url="{base}/v1", api_key="{key}")\n'
-            'tools = [{"type": "function", "function": {"name": "get_time",\n'
-            '          "description": "The current UTC time", "parameters": {"type": "object",\n'
-            '          "properties": {"zone": {"type": "string"}}}}}]\n'
-            'messages = [{"role": "user", "content": "What time is it?"}]\n'
-            'r = client.chat.completions.create(model="claude-sonnet", max_tokens=64,\n'
-            "        messages=messages, tools=tools)\n"
-            "asked = r.choices[0].message\n"
-            "if asked.tool_calls:  # run each tool asked for, send the results back\n"
-            "    messages.append(asked.model_dump(exclude_none=True))\n"
-            "    for call in asked.tool_calls:\n"
-            '        print("tool call:", call.function.name, call.function.arguments)\n'
-            '        result = {"role": "tool", "tool_call_id": call.id, "content": "12:00"}\n'
-            "        messages.append(result)\n"
-            '    r = client.chat.completions.create(model="claude-sonnet", max_tokens=64,\n'
-            "            messages=messages, tools=tools)\n"
-            'print("answer:", r.choices[0].message.content)\n'
-            "PY",
-        ),
-        ("readiness: every domain's state", f"curl {base}/health/ready"),
-        ("metrics", f"curl -s {base}/metrics | grep '^tokengate_requests_total'"),
-        (
-            "the whole chain verified: models, a ping, 16 concurrent probes",
-            f"TOKENGATE_API_KEY={key} {tokengate} check --target {base}",
-        ),
-    ]
-
-
-def _text(base: str, sim_port: int, key: str) -> str:
-    blocks = [f"# {title}\n{body}" for title, body in snippets(base, key)]
+def _text(base: str, sim_port: int, key: str, admin_key: str | None, user: dict[str, str]) -> str:
+    blocks = [f"# {title}\n{body}" for title, body in demo_text.snippets(base, key)]
     return (
         f"\ntokengate is running at {base} (upstream: tokengate sim on port {sim_port}). "
-        f"Demo key: {key}\nEach snippet below runs as printed, from {os.getcwd()}:\n\n"
+        f"Demo key: {key}\n{demo_text.page(base, admin_key)}\n{demo_text.honoured(user)}\n"
+        f"Each snippet below runs as printed, from {os.getcwd()}:\n\n"
         + "\n\n".join(blocks)
         + "\n\nCtrl-C stops both processes (gateway log: var/demo-gateway.log).\n"
     )
@@ -172,17 +106,40 @@ def _fresh_database(port: int) -> Path:
     return path
 
 
-def _environment(sim_port: int, upstream_key: str, key: str, db: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENGATE_")}
-    env.update(
-        TAOTOKEN_API_KEY=upstream_key,
-        TOKENGATE_API_ENDPOINT=f"http://{HOST}:{sim_port}",
-        TOKENGATE_KEYS=json.dumps([{"alias": "demo", "key_sha256": digest(key)}]),
+def user_variables(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The `TOKENGATE_*` variables the user's shell sets: they win over the demo's."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k.upper().startswith("TOKENGATE_")}
+
+
+def _with_demo_key(keys: str | None, key: str) -> str:
+    """The gateway keys: the user's `TOKENGATE_KEYS` (if any) and the demo's own."""
+    demo = {"alias": "demo", "key_sha256": digest(key)}
+    try:
+        mine = json.loads(keys) if keys else []
+    except ValueError:
+        return keys or ""  # serve names the bad value
+    return json.dumps([*mine, demo]) if isinstance(mine, list) else (keys or "")
+
+
+def _environment(
+    sim_port: int, upstream_key: str, key: str, admin_key: str, db: Path
+) -> dict[str, str]:
+    env = dict(os.environ)
+    user = user_variables(env)
+    defaults = {
+        "TOKENGATE_API_ENDPOINT": f"http://{HOST}:{sim_port}",
         # the seed's single domain speaks both dialects here: /v1/messages works too
-        TOKENGATE_SCALE_UP__API_STYLE="both",
-        TOKENGATE_LOGGING__OUTPUT=str(VAR / "demo-gateway.log"),
-        TOKENGATE_DATABASE__PATH=str(db),
-    )
+        "TOKENGATE_SCALE_UP__API_STYLE": "both",
+        # Claude Code asks for its own default model (a new id each release)
+        "TOKENGATE_MODEL_ALIASES": json.dumps({"claude-*": demo_text.MODEL}),
+        "TOKENGATE_LOGGING__OUTPUT": str(VAR / "demo-gateway.log"),
+        "TOKENGATE_DATABASE__PATH": str(db),
+        "TOKENGATE_ADMIN_KEY": admin_key,
+    }
+    env |= {k: v for k, v in defaults.items() if k not in user}
+    env["TOKENGATE_KEYS"] = _with_demo_key(user.get("TOKENGATE_KEYS"), key)
+    env["TAOTOKEN_API_KEY"] = upstream_key  # the sim's; never a real key of the shell's
     return env
 
 
@@ -193,7 +150,13 @@ def _start(
     sim_cmd = [*cli, "sim", "--port", str(sim_port), "--api-key", upstream_key]
     with open(VAR / "demo-sim.log", "ab") as sim_log, open(VAR / "demo-serve.log", "wb") as out:
         sim = subprocess.Popen(
-            [*sim_cmd, "--tokens-per-sec", "200"], cwd=ROOT, env=env, stdout=sim_log, stderr=sim_log
+            # a tool call only when a request asks for one, as a model would: agents send
+            # their whole tool set on every turn
+            [*sim_cmd, "--tokens-per-sec", "200", "--tool-calls", "named"],
+            cwd=ROOT,
+            env=env,
+            stdout=sim_log,
+            stderr=sim_log,
         )
         gateway = subprocess.Popen(
             [*cli, "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=out
@@ -223,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     VAR.mkdir(exist_ok=True)
     upstream_key, key = "sk-sim-" + secrets.token_hex(12), new_key()
-    env = _environment(args.sim_port, upstream_key, key, _fresh_database(args.port))
+    user = user_variables()
+    admin_key = None if "TOKENGATE_ADMIN_KEY" in user else "tg-admin-" + secrets.token_hex(12)
+    env = _environment(
+        args.sim_port, upstream_key, key, admin_key or "", _fresh_database(args.port)
+    )
     sim, gateway = _start(args.port, args.sim_port, env, upstream_key)
     base = f"http://{HOST}:{args.port}"
     # Ctrl-C and SIGTERM both stop the demo and its two processes. Set explicitly: a shell
@@ -238,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke:
             return _smoke(base, key)
         print((VAR / "demo-serve.log").read_text().rstrip(), flush=True)  # serve's banner
-        print(_text(base, args.sim_port, key), flush=True)
+        print(_text(base, args.sim_port, key, admin_key, user), flush=True)
         while gateway.poll() is None and sim.poll() is None:
             time.sleep(0.5)
         return 1  # one of them died on its own

@@ -12,6 +12,7 @@
     ├── Conflict                  409     invalid_request_error / (not_shared)
     ├── UpgradeRequired           426     invalid_request_error / websocket_not_served
     ├── PayloadTooLarge           413     invalid_request_error / request_too_large
+    ├── UnsupportedMediaType      415     invalid_request_error / unsupported_media_type
     ├── HeadersTooLarge           431     invalid_request_error / headers_too_large
     ├── RateLimited               429     rate_limit_error / rate_limit_exceeded
     ├── UpstreamQuotaExhausted    429     insufficient_quota (the upstream balance is empty)
@@ -171,6 +172,15 @@ class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    """An admin body sent as something else than JSON (a form, text, XML)."""
+
+    permanent = True
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class HeadersTooLarge(GatewayError):

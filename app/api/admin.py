@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api import views
 from app.api.deps import GatewayDep
+from app.api.json_body import read_model
 from app.billing.periods import Calendar
 from app.billing.report import QUARTER, Granularity, Report, build
 from app.db.engine import DatabaseUnavailable
@@ -168,8 +169,9 @@ def _database_down() -> ServiceUnavailable:
 
 
 @router.put("/keys/{alias}/limits")
-async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
+async def set_limits(alias: str, request: Request, gateway: AdminDep) -> dict[str, object]:
     key = _key(gateway, alias)
+    change = await read_model(request, LimitsChange)
     try:
         limits = await gateway.live.set_key_limits(
             key, change.requests_per_minute, change.tokens_per_minute

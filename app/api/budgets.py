@@ -17,10 +17,11 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.admin import AdminDep, parse_instant
+from app.api.json_body import read_model
 from app.billing.budgets import Amount
 from app.billing.periods import Calendar, Window
 from app.billing.prices import amount, to_nanos
@@ -67,9 +68,10 @@ async def budgets(gateway: AdminDep) -> dict[str, object]:
 
 @router.put("/budgets/{scope}/{name}")
 async def raise_budget(
-    scope: Scope, name: str, change: BudgetChange, gateway: AdminDep
+    scope: Scope, name: str, request: Request, gateway: AdminDep
 ) -> dict[str, object]:
     _known(gateway, scope, name)
+    change = await read_model(request, BudgetChange)
     until = parse_instant(str(change.until), "until")
     assert until is not None
     if until <= gateway.spend.clock():

@@ -159,10 +159,11 @@ def attention(
 
 def _domain(domain: Domain, capacity: int) -> Iterator[tuple[str, str]]:
     name, state = domain.name, domain.state()
+    why = f": {domain.why()}" if domain.why() else ""
     if state == "circuit_open":
-        yield CRITICAL, f"domain {name}: circuit open after repeated upstream failures"
+        yield CRITICAL, f"domain {name}: circuit open after repeated upstream failures{why}"
     elif state == "unhealthy":
-        yield CRITICAL, f"domain {name}: its health probe fails"
+        yield CRITICAL, f"domain {name}: its health probe fails{why}"
     elif state == "quota_exhausted":
         yield CRITICAL, f"domain {name}: the upstream account's balance is exhausted"
     elif state == "throttled":

@@ -15,6 +15,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from app.config.schema import ScaleUpConfig, Settings
+from app.config.variables import OUTSIDE
 
 BEGIN = "<!-- config-reference:begin -->"
 END = "<!-- config-reference:end -->"
@@ -80,7 +81,7 @@ def _rows(model: type[BaseModel], prefix: str, env_prefix: str) -> list[str]:
             continue
         if dotted == "scale_up":
             rows.append(f"| `scale_up` | `{env}` (JSON) | unset | {field.description} |")
-            rows += _rows(ScaleUpConfig, "scale_up[].", "")
+            rows += _rows(ScaleUpConfig, "scale_up[].", env + "__")
             continue
         items = _items(field.annotation)
         if items is not None and env_prefix:
@@ -90,8 +91,8 @@ def _rows(model: type[BaseModel], prefix: str, env_prefix: str) -> list[str]:
             continue
         if dotted == "api_key":
             env = "(not settable: `${VAR}` in settings.json)"
-        elif env_prefix == "":
-            env = "(per domain)"
+        elif prefix == "scale_up[].":
+            env = f"`{env}` (single-table form)"
         else:
             env = f"`{env}`"
         desc = (field.description or "").replace("|", "\\|")
@@ -101,7 +102,16 @@ def _rows(model: type[BaseModel], prefix: str, env_prefix: str) -> list[str]:
 
 def render() -> str:
     head = ["| field | environment variable | default | meaning |", "|---|---|---|---|"]
-    return "\n".join([*head, *_rows(Settings, "", "TOKENGATE_")])
+    outside = [
+        "",
+        "Read outside the settings (any other `TOKENGATE_*` variable is reported at start "
+        "and by `tokengate check`, with the nearest name):",
+        "",
+        "| environment variable | read as |",
+        "|---|---|",
+        *(f"| `{name}` | {what} |" for name, what in OUTSIDE.items()),
+    ]
+    return "\n".join([*head, *_rows(Settings, "", "TOKENGATE_"), *outside])
 
 
 def splice(readme: str) -> str:

@@ -44,7 +44,7 @@ _SHORTHANDS = {
     "TOKENGATE_REDIS_URL": "TOKENGATE_REDIS__URL",
     "TOKENGATE_DATABASE_URL": "TOKENGATE_DATABASE__URL",
 }
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # ${VAR} in settings.json
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def _expand(value: Any, path: tuple[str | int, ...], file: Path, env: Mapping[st
     if isinstance(value, list):
         return [_expand(v, (*path, i), file, env) for i, v in enumerate(value)]
     if isinstance(value, str) and "${" in value:
-        return _VAR.sub(lambda m: _lookup(m.group(1), path, file, env), value)
+        return PLACEHOLDER.sub(lambda m: _lookup(m.group(1), path, file, env), value)
     return value
 
 

@@ -15,11 +15,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from app.dispatch.dispatcher import Dispatcher
+from app.log import redacted_url
 from app.runtime import DomainSpec
+from app.upstream.attempt import AttemptFailed
 from app.upstream.breaker import Breaker, BreakerState
 from app.upstream.budget import RetryBudget
+from app.upstream.cause import Failure, address
 from app.upstream.client import UpstreamClient
 from app.upstream.health import ProbeResult
 
@@ -40,10 +44,16 @@ class Domain:
     last_probe: ProbeResult | None = None
     upstream_models: frozenset[str] = field(default_factory=frozenset)
     quota_exhausted: bool = False
+    last_failure: Failure | None = None  # the latest cause, kept after a recovery (with age)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @cached_property
+    def where(self) -> str:
+        """The upstream's host:port (a URL's credentials are never shown)."""
+        return address(self.spec.api_base)
 
     @property
     def weight(self) -> float:
@@ -94,9 +104,25 @@ class Domain:
     def record_probe(self, result: ProbeResult) -> None:
         """Apply a health probe's answer; a model list it brought replaces the discovered one."""
         self.healthy, self.last_probe = result.ok, result
+        if result.failure is not None:
+            self.last_failure = result.failure
         if result.models is not None:
             self.upstream_models = result.models
             self.discovered = result.models
+
+    def note_failure(self, failed: AttemptFailed) -> None:
+        """A live attempt's failure that says something of the upstream (on the failure
+        path only: nothing is done for an answer)."""
+        found = failed.failure(self.where)
+        if found is not None:
+            self.last_failure = found
+
+    def why(self) -> str:
+        """The cause of the latest failure, for a refusal's message ('' if none)."""
+        if self.last_failure is None:
+            return ""
+        age = time.monotonic() - self.last_failure.at
+        return f"{self.last_failure.summary}, {age:.0f} s ago"
 
     def observe_latency(self, seconds: float) -> None:
         self.latency += _EWMA * (seconds - self.latency)
@@ -118,7 +144,7 @@ class Domain:
         return {
             "state": self.state(),
             "breaker": self.breaker.state if not self.breaker.is_open else BreakerState.OPEN,
-            "api_base": self.spec.api_base,
+            "api_base": redacted_url(self.spec.api_base),
             "models": sorted(models) if models is not None else None,
             "queue_depth": len(self.dispatcher.queue),
             "inflight": self.dispatcher.inflight,
@@ -132,4 +158,5 @@ class Domain:
                 "status": probe.status,
                 "detail": probe.detail,
             },
+            "last_failure": None if self.last_failure is None else self.last_failure.view(),
         }

@@ -325,7 +325,7 @@ class Pipeline:
         self, call: ClientRequest, model: str, domain: Domain, body: bytes, n: int, trace: Trace
     ) -> Reply:
         if not domain.breaker.allows():
-            raise AttemptFailed(Reason.CIRCUIT_OPEN, retryable=False, detail=domain.name)
+            raise AttemptFailed(Reason.CIRCUIT_OPEN, retryable=False, detail=domain.why())
         if trace.attempts:
             self._resending(call, domain, trace)
         t0 = self.clock()
@@ -343,6 +343,7 @@ class Pipeline:
                     domain.note_quota(True)
             else:
                 domain.breaker.record(not failure.upstream_fault)
+            domain.note_failure(failure)
             raise
         except BaseException:
             self._record_attempt(domain, trace, n, model, "cancelled", t0, span)
@@ -437,7 +438,9 @@ class Pipeline:
 
     # -- errors --------------------------------------------------------------------------
     def _no_domain(self, model: str, candidates: list[Domain]) -> ServiceUnavailable:
-        states = ", ".join(f"{d.name}: {d.state()}" for d in candidates)
+        states = ", ".join(
+            f"{d.name}: {d.state()}" + (f" after {d.why()}" if d.why() else "") for d in candidates
+        )
         wait = min((d.breaker.cfg.open_sec for d in candidates if d.breaker.is_open), default=5.0)
         return ServiceUnavailable(
             f"no healthy domain serves model '{model}' ({states})",

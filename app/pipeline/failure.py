@@ -75,8 +75,9 @@ def client_error(
                 should_retry=spent,
             )
         case Reason.CIRCUIT_OPEN:
+            cause = f" (the last: {last.detail})" if last.detail else ""
             return ServiceUnavailable(
-                "the upstream circuit is open after repeated failures",
+                f"the upstream circuit is open after repeated failures{cause}",
                 code="no_healthy_domain",
                 retry_after=5.0,
                 should_retry=spent,

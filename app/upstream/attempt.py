@@ -29,6 +29,7 @@ from enum import StrEnum
 import orjson
 
 from app.limits.pacing import rate_headers
+from app.upstream.cause import Cause, Failure, of_status
 
 
 class Reason(StrEnum):
@@ -83,6 +84,17 @@ UPSTREAM_FAULTS = MOVES_ON - {
 }
 
 
+# What a failure says of the upstream when it came with no status to classify.
+_CAUSES: dict[Reason, Cause] = {
+    Reason.CONNECT: Cause.UNREACHABLE,
+    Reason.TIMEOUT: Cause.TIMEOUT,
+    Reason.RESET: Cause.BROKEN,
+    Reason.BAD_RESPONSE: Cause.BROKEN,
+    Reason.THROTTLED: Cause.RATE_LIMITED,
+    Reason.INSUFFICIENT_QUOTA: Cause.RATE_LIMITED,
+}
+
+
 class AttemptFailed(Exception):
     def __init__(
         self,
@@ -95,6 +107,7 @@ class AttemptFailed(Exception):
         retry_after: float | None = None,
         detail: str = "",
         ambiguous: bool = False,
+        cause: Cause | None = None,
     ) -> None:
         self.reason = Reason(reason)  # a value that is no reason raises here, not later
         super().__init__(f"{self.reason}{': ' + detail if detail else ''}")
@@ -105,6 +118,17 @@ class AttemptFailed(Exception):
         self.content_type = content_type
         self.retry_after = retry_after
         self.detail = detail
+        self.cause = cause  # what the transport saw of a failed connect (DNS, TLS, ...)
+
+    def failure(self, where: str) -> Failure | None:
+        """What this says of the upstream at `where` (host:port) for the domain's state,
+        or None when it says nothing of it (a model it lacks, our own refusal)."""
+        cause = _CAUSES.get(self.reason)
+        if cause is None and self.status is not None and self.reason in UPSTREAM_FAULTS:
+            cause = of_status(self.status)
+        if cause is None:
+            return None
+        return Failure(self.cause or cause, where, self.status)
 
     @property
     def moves_on(self) -> bool:

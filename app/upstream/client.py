@@ -34,6 +34,7 @@ import httpx
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
+from app.upstream.cause import of_exception
 from app.upstream.proxyenv import Proxies, ProxyRoute
 from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport, UpstreamResponse, joined, refused
@@ -153,7 +154,8 @@ def _no_answer() -> AttemptFailed:
 def _translate_httpx(exc: httpx.HTTPError) -> AttemptFailed:
     """Nothing was sent before a connect or pool failure; anything later is ambiguous."""
     if isinstance(exc, httpx.ConnectError | httpx.ProxyError):
-        return AttemptFailed(Reason.CONNECT, retryable=True, detail=type(exc).__name__)
+        cause = of_exception(exc)
+        return AttemptFailed(Reason.CONNECT, retryable=True, detail=type(exc).__name__, cause=cause)
     if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
         return AttemptFailed(Reason.TIMEOUT, retryable=True, detail="no connection in time")
     if isinstance(exc, httpx.TimeoutException):

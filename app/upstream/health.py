@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from app.upstream.attempt import AttemptFailed
+from app.upstream.cause import Failure, address, of_status
 from app.upstream.client import UpstreamClient
 
 
@@ -25,18 +26,22 @@ class ProbeResult:
     detail: str = ""
     status: int | None = None
     models: frozenset[str] | None = None  # the ids a 2xx listed, if it was a model list
+    failure: Failure | None = None  # why it failed, with the upstream's address
 
 
 async def probe(client: UpstreamClient, endpoint: str, request_id: str) -> ProbeResult:
     try:
         resp = await client.send(endpoint, None, stream=False, method="GET", request_id=request_id)
         body = await resp.read()
-    except AttemptFailed as failure:
-        return ProbeResult(False, time.monotonic(), failure.reason.value)
+    except AttemptFailed as failed:
+        why = failed.failure(address(client.domain.api_base))
+        detail = why.summary if why is not None else failed.reason.value
+        return ProbeResult(False, time.monotonic(), detail, failure=why)
     ok = 200 <= resp.status < 300
-    detail = "ok" if ok else _why(resp.status)
-    models = _model_ids(body) if ok else None
-    return ProbeResult(ok, time.monotonic(), detail, resp.status, models)
+    if ok:
+        return ProbeResult(True, time.monotonic(), "ok", resp.status, _model_ids(body))
+    why = Failure(of_status(resp.status), address(client.domain.api_base), resp.status)
+    return ProbeResult(False, time.monotonic(), _why(resp.status), resp.status, failure=why)
 
 
 def _why(status: int) -> str:

@@ -49,6 +49,7 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from app.upstream.attempt import AttemptFailed, Reason
+from app.upstream.cause import Cause, of_exception
 from app.upstream.proxyenv import Proxies
 from app.upstream.transport import Timeouts, UpstreamResponse, refused
 
@@ -293,10 +294,12 @@ def failure_of(exc: BaseException, via: str = "") -> BaseException:
         detail = f"proxy answered CONNECT with {exc.status}{via}"
         return AttemptFailed(Reason.CONNECT, retryable=exc.status != 407, detail=detail)
     if isinstance(exc, aiohttp.ClientConnectorError):  # DNS, refused, TLS, proxy unreachable
-        return AttemptFailed(Reason.CONNECT, retryable=True, detail=f"{exc}"[:200] + via)
+        cause = Cause.TLS if isinstance(exc, aiohttp.ClientSSLError) else of_exception(exc)
+        detail = f"{exc}"[:200] + via
+        return AttemptFailed(Reason.CONNECT, retryable=True, detail=detail, cause=cause)
     if isinstance(exc, aiohttp.ConnectionTimeoutError):  # a pool slot or the connect
         detail = f"no connection in time{via}"
-        return AttemptFailed(Reason.TIMEOUT, retryable=True, detail=detail)
+        return AttemptFailed(Reason.TIMEOUT, retryable=True, detail=detail, cause=Cause.TIMEOUT)
     if isinstance(exc, TimeoutError):  # sock_read (ServerTimeoutError) or total
         return _ambiguous(Reason.TIMEOUT, "no answer in time")
     if isinstance(exc, aiohttp.ClientResponseError):  # the parser refused the answer's head

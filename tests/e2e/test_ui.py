@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim
+from tests.support.procs import ROOT, Gateway, GatewaySpec, Redis, Sim, free_port
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-ui-e2e-0123456789"
@@ -228,3 +228,26 @@ def test_budgets_show_when_the_snapshot_has_them_and_nothing_renders_as_html(
     assert page.inner_text("#errors tbody").count(hostile) == 2
     assert page.query_selector("#injected") is None  # ...never parsed as markup
     assert page.title() == "tokengate status"
+
+
+def test_a_failing_domain_shows_its_cause_and_an_idle_key_reads_full(
+    browser: Any, make_gateway: Make
+) -> None:
+    dead = free_port()  # nothing listens: every probe is refused
+    gw = make_gateway(
+        GatewaySpec(settings={"admin_key": ADMIN}, keys={"idle": {"requests_per_minute": 600}}),
+        f"http://127.0.0.1:{dead}",
+    )
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    _log_in(page, gw, ADMIN)
+    page.wait_for_selector("body[data-state=live]")
+    said = f"connection refused at 127.0.0.1:{dead}"
+    page.wait_for_function(
+        "t => document.querySelector('#domains tbody').textContent.includes(t)", arg=said
+    )
+    assert said in page.inner_text("#attention")  # why, not only "its health probe fails"
+    cell = page.query_selector("#domains td.failure")
+    assert cell is not None and "egress" in (cell.get_attribute("title") or "")  # the fix
+    keys = page.inner_text("#keys tbody")
+    assert "600 left of 600 · 0 used" in keys  # idle reads full, not "0 of 600"
+    assert "left · used" in page.inner_text("#keys thead")

@@ -287,7 +287,11 @@ def start_gateway(
     proc = _spawn_gateway(port, args, env, workdir)
     gw = Gateway(port, proc, workdir, keys, env, args, log_path)
     if wait:
-        wait_http(f"{gw.url}/health", proc=proc)
+        try:  # a bound, not a speed test: a loaded machine starts a gateway slowly
+            wait_http(f"{gw.url}/health", proc=proc, timeout=60.0)
+        except BaseException:
+            stop(proc)  # never left running when the caller gets no Gateway to stop
+            raise
     return gw
 
 

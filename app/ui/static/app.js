@@ -86,6 +86,20 @@ function meter(used, limit, label) {
   return wrap;
 }
 
+// What is left of a limit: full (and good) when idle, low (and bad) when nearly spent.
+function leftMeter(left, limit, label) {
+  const wrap = el("div", { cls: "use left" });
+  const m = document.createElement("meter");
+  m.min = 0;
+  m.max = limit;
+  m.low = limit * 0.1;
+  m.high = limit * 0.3;
+  m.optimum = limit;
+  m.value = Math.max(0, left);
+  wrap.append(m, el("span", { text: label }));
+  return wrap;
+}
+
 // -- the admin key ------------------------------------------------------------------
 function askForKey(message) {
   state.key = null;
@@ -273,19 +287,31 @@ function renderDomains(domains) {
       cell(queueText, d.queue_depth >= 0.8 * d.queue_capacity ? "warn-text" : ""),
       inflight,
       el("td", { text: probeText, title: probe && probe.detail ? String(probe.detail) : "" }),
+      failureCell(d.last_failure, d.state),
     );
   });
-  fill(document.querySelector("#domains tbody"), rows, "no domain configured", 8);
+  fill(document.querySelector("#domains tbody"), rows, "no domain configured", 9);
+}
+
+// Why the domain last failed (connection refused at host:port, DNS, TLS, 401, 429...), with
+// its age and, on hover, what to do about it.
+function failureCell(failure, domainState) {
+  if (!failure) return cell("–", "muted");
+  const failing = domainState === "unhealthy" || domainState === "circuit_open";
+  const text = failure.summary + ", " + ago(failure.age_sec);
+  return el("td", { cls: failing ? "bad-text failure" : "muted failure", text, title: failure.fix || "" });
 }
 
 function renderKeys(keys) {
   const budgets = keys.some((k) => k.budget);
   document.querySelectorAll("#keys .budget").forEach((th) => (th.hidden = !budgets));
   const rows = keys.map((k) => {
-    const use = (part) =>
-      part.remaining === null
-        ? el("td", { text: "limit " + num(part.limit, 0), cls: "muted" })
-        : el("td", {}, meter(part.limit - part.remaining, part.limit, num(part.limit - part.remaining) + " of " + num(part.limit)));
+    const use = (part) => {
+      if (part.remaining === null) return el("td", { text: "limit " + num(part.limit, 0), cls: "muted" });
+      const left = Math.max(0, part.remaining);
+      const label = num(left) + " left of " + num(part.limit) + " · " + num(part.limit - part.remaining) + " used";
+      return el("td", {}, leftMeter(left, part.limit, label));
+    };
     const asOf =
       k.source === "live" ? "live" : k.source === "last_request" ? "last request, " + ago(k.age_sec) : "no request here yet";
     const row = el("tr", {}, cell(k.alias, "name"), cell(k.priority), cell(k.domain || "any"), use(k.requests), use(k.tokens));

@@ -142,3 +142,37 @@ async def test_a_live_limit_set_on_one_worker_is_enforced_by_another_within_a_se
     assert (await one.delete("/admin/keys/alice/limits", headers=ADMIN)).json()["cleared"]
     await eventually(cleared, "the other worker to drop the cleared limit")
     assert (await alice_on_two())["limits"]["requests_per_minute"] == 300
+
+
+async def test_admin_bodies_are_read_as_json_whatever_curl_sends_or_refused_415(
+    make_client: MakeClient,
+) -> None:
+    """As the `/v1/` routes: no content type is JSON, `application/json` (with a charset)
+    is JSON; a form (what `curl -d` sends without -H) or text is a clear 415."""
+    client = await make_client({"admin_key": ADMIN_KEY, "keys": [ALICE]})
+    body = b'{"requests_per_minute": 9}'
+    url = "/admin/keys/alice/limits"
+    for content_type in (None, "application/json", "application/json; charset=utf-8"):
+        headers = dict(ADMIN) | ({"content-type": content_type} if content_type else {})
+        r = await client.put(url, headers=headers, content=body)
+        assert r.status_code == 200, (content_type, r.text)
+        assert r.json()["requests_per_minute"] == 9
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", "application/xml"):
+        r = await client.put(url, headers=ADMIN | {"content-type": content_type}, content=body)
+        assert r.status_code == 415, content_type
+        error = r.json()["error"]
+        assert (
+            error["code"] == "unsupported_media_type" and error["type"] == "invalid_request_error"
+        )
+        assert "Content-Type: application/json" in error["message"]
+        assert content_type in error["message"]
+    broken = await client.put(url, headers=ADMIN, content=b'{"requests_per_minute": ')
+    assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
+    listed = await client.put(url, headers=ADMIN, content=b"[1]")
+    assert listed.status_code == 400 and "JSON object" in listed.json()["error"]["message"]
+    wrong = await client.put(url, headers=ADMIN, content=b'{"requests_per_minute": 0}')
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "requests_per_minute"
+    extra = await client.put(url, headers=ADMIN, content=b'{"rpm": 5}')
+    assert extra.status_code == 400 and extra.json()["error"]["param"] == "rpm"
+    unauthenticated = await client.put(url, content=b"<xml/>", headers={"content-type": "text/xml"})
+    assert unauthenticated.status_code == 401  # the key is checked before the body is read

@@ -203,3 +203,20 @@ async def test_a_reload_applies_new_prices_budgets_and_time_zone(
         "month_tokens",
         "week_tokens",
     ]
+
+
+async def test_a_budget_raise_sent_as_curl_sends_it_without_a_content_type_is_read(
+    make_client: MakeClient,
+) -> None:
+    client = await make_client(SETTINGS)
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+    body = f'{{"period": "day", "max_cost": 9, "until": "{until}"}}'.encode()
+    r = await client.put("/admin/budgets/team/ml", headers=ADMIN, content=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["limit"] == 9
+    form = await client.put(
+        "/admin/budgets/team/ml",
+        headers=ADMIN | {"content-type": "application/x-www-form-urlencoded"},
+        content=body,
+    )
+    assert form.status_code == 415 and form.json()["error"]["code"] == "unsupported_media_type"

@@ -19,7 +19,8 @@ async def test_readiness_lists_each_domain_with_its_breaker(client: httpx.AsyncC
         b'{"status":"ready","domains":{"default":{"state":"unknown","breaker":"closed",'
         b'"api_base":"https://taotoken.net/api","models":null,"queue_depth":0,"inflight":0,'
         b'"max_inflight":64,"pace":{"shared":false,"requests_per_sec":null,"learned":false,'
-        b'"cooldown_sec":0.0},"last_probe":null}},"routes":{"unresolved":[],"unverified":[]},'
+        b'"cooldown_sec":0.0},"last_probe":null,"last_failure":null}},'
+        b'"routes":{"unresolved":[],"unverified":[]},'
         b'"database":{"backend":"sqlite","where":"sqlite:/'
     )
     database = r.json()["database"]
@@ -44,3 +45,12 @@ async def test_metrics_are_prometheus_text(client: httpx.AsyncClient) -> None:
     r = await client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert "tokengate_queue_depth" in r.text
+
+
+async def test_readiness_never_shows_the_credentials_of_an_upstream_url(
+    make_client: MakeClient,
+) -> None:
+    client = await make_client({"api_endpoint": "http://tg:hunter2@10.0.0.7:9090/api"})
+    r = await client.get("/health/ready")
+    assert r.json()["domains"]["default"]["api_base"] == "http://10.0.0.7:9090/api"
+    assert b"hunter2" not in r.content

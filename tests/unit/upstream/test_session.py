@@ -198,6 +198,7 @@ async def test_nothing_listening_is_a_connect_failure_nothing_sent() -> None:
         async with transport() as t:
             err = await failure(post(t, f"http://127.0.0.1:{port}/"))
     assert (err.reason, err.retryable, err.ambiguous) == ("connect", True, False)
+    assert err.cause == "connection_refused"  # what the status page and a 503 say
 
 
 async def test_connect_timeout_is_a_timeout_with_nothing_sent() -> None:
@@ -205,6 +206,7 @@ async def test_connect_timeout_is_a_timeout_with_nothing_sent() -> None:
         async with transport(connect=0.1, read=5.0, total=5.0) as t:
             err = await failure(post(t, f"http://127.0.0.1:{port}/"))
     assert (err.reason, err.retryable, err.ambiguous) == ("timeout", True, False)
+    assert err.cause == "timeout"
 
 
 async def test_a_tls_handshake_the_client_refuses_is_a_connect_failure_nothing_sent() -> None:
@@ -212,6 +214,7 @@ async def test_a_tls_handshake_the_client_refuses_is_a_connect_failure_nothing_s
     async with Upstream(serve(ok()), tls=certificate().server()) as up, transport() as t:
         err = await failure(post(t, up.url()))
     assert (err.reason, err.ambiguous) == ("connect", False)
+    assert err.cause == "tls"
     assert not up.requests
 
 
