@@ -18,6 +18,7 @@ from app.kinds import QueueClass
 from app.limits.pacing import LocalPacer, PaceState, Throttle
 from app.metrics import Metrics, new_registry
 from tests.support.clock import FakeClock
+from tests.support.waiting import eventually
 
 
 def job(key: str, priority: QueueClass = QueueClass.NORMAL, cost: int = 100) -> Job:
@@ -179,12 +180,19 @@ async def test_requeues_after_later_turns_do_not_let_a_key_starve_the_others() -
     assert order.count("b") >= 12, "".join(order)
 
 
-class SlowPacer:
-    """A pacer whose every booking takes a round trip (like Redis), and that lets
-    arrivals take a free slot at once."""
+class GatedPacer:
+    """A pacer whose bookings wait (like a Redis round trip) until the test opens the
+    gate, and that lets arrivals take a free slot at once: the interleaving the test
+    needs, with no clock to race."""
 
     shared = True
     state = PaceState(None, None, 1.0)
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.calls = 0
+        self.block_from: int | None = None  # the first booking (1-based) that waits
+        self.waiting = 0
 
     def bounded(self) -> bool:
         return True
@@ -196,11 +204,15 @@ class SlowPacer:
         return 0.0
 
     async def reserve(self, requests: int, tokens: int) -> float:
-        await asyncio.sleep(0.05)
+        self.calls += 1
+        if self.block_from is not None and self.calls >= self.block_from:
+            self.waiting += 1
+            await self.gate.wait()
         return 0.0
 
 
 async def test_a_slot_taken_during_the_pacing_round_trip_is_not_granted_twice() -> None:
+    pacer = GatedPacer()
     d = Dispatcher(
         "d",
         group_size=4,
@@ -208,18 +220,24 @@ async def test_a_slot_taken_during_the_pacing_round_trip_is_not_granted_twice() 
         queue_capacity=10,
         max_queue_wait_ms=5000,
         max_inflight=2,
-        pacer=SlowPacer(),  # type: ignore[arg-type]
+        pacer=pacer,  # type: ignore[arg-type]
         metrics=Metrics(new_registry()),
     )
     d.start()
     first = await d.acquire("a", QueueClass.NORMAL, 1)
     second = await d.acquire("b", QueueClass.NORMAL, 1)
     queued = asyncio.ensure_future(d.acquire("c", QueueClass.NORMAL, 1))
-    await asyncio.sleep(0.01)
-    first.release()  # the loop pops `c` and books for it: two round trips
-    await asyncio.sleep(0.07)
-    arrival = await d.acquire("d", QueueClass.NORMAL, 1)  # the queue is empty: it takes the slot
-    await asyncio.sleep(0.1)
+    await eventually(lambda: len(d.queue) == 1, "c queued")
+    # the group's booking goes through; `c`'s own (after it is popped) waits at the gate
+    pacer.block_from = pacer.calls + 2
+    first.release()  # the loop books for the group, pops `c` and books for it
+    await eventually(lambda: pacer.waiting == 1, "c's booking under way")
+    # the queue is empty meanwhile: an arrival takes the free slot (and books too)
+    arriving = asyncio.ensure_future(d.acquire("d", QueueClass.NORMAL, 1))
+    await eventually(lambda: pacer.waiting == 2, "the arrival's booking under way")
+    pacer.gate.set()  # both round trips answer
+    arrival = await arriving
+    await eventually(lambda: len(d.queue) == 1, "c back in the queue")
     assert d.inflight == 2 and not queued.done()  # `c` went back, it did not overbook
     second.release()
     third = await asyncio.wait_for(queued, 1)
