@@ -180,7 +180,9 @@ class Gateway:
         )
         return Domain(
             spec=spec,
-            client=UpstreamClient(spec, self._transport_factory(spec)),
+            client=UpstreamClient(
+                spec, self._transport_factory(spec), self.metrics.record_header_refused
+            ),
             dispatcher=dispatcher,
             breaker=Breaker(s.breaker),
             budget=RetryBudget(

@@ -22,6 +22,7 @@ from pydantic import SecretStr
 
 from app.billing.budgets import Budget, Scope
 from app.billing.prices import to_nanos
+from app.config.cluster import HeaderPolicyConfig
 from app.config.errors import ConfigError, Problem
 from app.config.schema import BudgetConfig, KeyConfig, ScaleUpConfig, Settings
 from app.kinds import ApiStyle, Priority
@@ -42,6 +43,8 @@ class DomainSpec:
     api_style: ApiStyle = ApiStyle.OPENAI
     responses: bool = True  # serves the Responses API (if api_style speaks OpenAI's)
     responses_websocket: bool = False  # ... and its WebSocket mode
+    # Per comma-list header (`anthropic-beta`...): what of the client's values goes upstream.
+    headers: Mapping[str, HeaderPolicyConfig] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ def _domains(
                 api_style=entry.api_style,
                 responses=entry.responses,
                 responses_websocket=entry.responses_websocket,
+                headers={str(name): policy for name, policy in entry.headers.items()},
             )
         )
     return out

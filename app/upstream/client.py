@@ -11,8 +11,9 @@ Library exceptions never leave a transport: they become `AttemptFailed` with a r
 refuses to send) and whether the upstream may have acted on the request (`ambiguous`).
 Upstream credentials are added in exactly one place, `upstream_headers`: the domain's
 key is the only credential sent, and no client header is forwarded except a short
-allowlist. Repeated response headers reach the caller joined with ", ", whatever the
-client.
+allowlist, whose comma-list values go as the domain's policy says (`betas.py`: a 400
+refusing a named beta is sent again once without it, inside `send`). Repeated response
+headers reach the caller joined with ", ", whatever the client.
 
 Proxies: `make_transport` reads HTTPS_PROXY / HTTP_PROXY / NO_PROXY once
 (`proxyenv.py`) and logs, per upstream, whether it is reached directly or through
@@ -27,13 +28,14 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
+from app.upstream.betas import HeaderPolicies
 from app.upstream.proxyenv import Proxies, ProxyRoute
 from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport, UpstreamResponse, joined, refused
@@ -70,17 +72,28 @@ def upstream_headers(domain: DomainSpec, *, anthropic: bool = False) -> dict[str
     return headers
 
 
+# Told of each value an upstream refused and that was sent again without: (domain, header).
+OnRefused = Callable[[str, str], None]
+
+
 class UpstreamClient:
     """One pooled client per domain."""
 
-    def __init__(self, domain: DomainSpec, transport: Transport) -> None:
+    def __init__(
+        self, domain: DomainSpec, transport: Transport, on_refused: OnRefused | None = None
+    ) -> None:
         self.domain = domain
         self.transport = transport
+        self.on_refused = on_refused
+        self.policies = HeaderPolicies(domain.headers)
         self._headers = upstream_headers(domain)
         self._anthropic = upstream_headers(domain, anthropic=True)
 
     def rekey(self, domain: DomainSpec) -> None:
-        """Use a rotated upstream key from the next request on (SIGHUP reload)."""
+        """Use a rotated upstream key from the next request on (SIGHUP reload), and the
+        domain's header policy if it changed."""
+        if domain.headers != self.domain.headers:
+            self.policies.reconfigure(domain.headers)
         self.domain = domain
         self._headers = upstream_headers(domain)
         self._anthropic = upstream_headers(domain, anthropic=True)
@@ -103,13 +116,64 @@ class UpstreamClient:
             headers.update(
                 (k, v) for k, v in client_headers.items() if k not in ("x-api-key", "authorization")
             )
+            self.policies.outgoing(headers)
         if body is None:
             headers.pop("content-type")
         url = self.domain.api_base + path
+        resp = await self.transport.request(method, url, headers, body, stream=stream)
+        if resp.status != 400 or not client_headers:
+            return resp
+        return await self._refused(resp, method, url, headers, body, stream)
+
+    async def _refused(
+        self,
+        resp: UpstreamResponse,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        stream: bool,
+    ) -> UpstreamResponse:
+        """A 400 that names header values sent (a beta the upstream does not know): sent
+        again once without them. Any other 400 is returned as it came (read already)."""
+        data = await resp.read()
+        refused = self.policies.refused(headers, data)
+        if not refused:
+            return Answered(resp.status, resp.headers, data)
+        self.policies.learn(refused)
+        for name, values in refused.items():
+            log.warning(
+                "domain %s refused %s value(s) %s: sent again without them, and dropped from "
+                "its later requests until a reload",
+                self.domain.name,
+                name,
+                ", ".join(values),
+            )
+            if self.on_refused is not None:
+                self.on_refused(self.domain.name, name)
+        self.policies.without(headers, refused)
         return await self.transport.request(method, url, headers, body, stream=stream)
 
     async def close(self) -> None:
         await self.transport.close()
+
+
+class Answered:
+    """An answer whose body was read already (to look into a 400), handed on as one."""
+
+    complete = True
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        self.status, self.headers, self._body = status, headers, body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def close(self) -> None:
+        return None
 
 
 # -- httpx: the seam unit tests inject ------------------------------------------------
