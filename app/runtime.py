@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import SecretStr
 
@@ -41,7 +42,8 @@ class DomainSpec:
     quota_window_sec: float = 1.0
     weight: float = 1.0
     api_style: ApiStyle = ApiStyle.OPENAI
-    responses: bool = True  # serves the Responses API (if api_style speaks OpenAI's)
+    # serves the Responses API (if api_style speaks OpenAI's); "chat": translated onto chat
+    responses: bool | Literal["chat"] = True
     responses_websocket: bool = False  # ... and its WebSocket mode
     # Per comma-list header (`anthropic-beta`...): what of the client's values goes upstream.
     headers: Mapping[str, HeaderPolicyConfig] = field(default_factory=dict, hash=False)

@@ -162,11 +162,13 @@ class ScaleUpConfig(Section):
         description="Which API the upstream speaks: `openai` (chat/completions/embeddings), "
         "`anthropic` (`POST /v1/messages`, authenticated with `x-api-key`) or `both`.",
     )
-    responses: bool = Field(
+    responses: bool | Literal["chat"] = Field(
         True,
         description="The upstream (api_style `openai` or `both`) serves OpenAI's Responses API "
         "(`/v1/responses`); false keeps Responses traffic, and the WebSocket mode, off "
-        "this domain.",
+        'this domain; `"chat"`: it speaks only chat completions, and the gateway translates '
+        "Responses requests onto `/v1/chat/completions` and the answers back (function, "
+        "namespace, custom and tool_search tools included; nothing is stored upstream).",
     )
     responses_websocket: bool = Field(
         False,

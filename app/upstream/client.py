@@ -32,17 +32,21 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.betas import HeaderPolicies
 from app.upstream.proxyenv import Proxies, ProxyRoute
+from app.upstream.responses_chat import to_chat
+from app.upstream.responses_chat_stream import ChatAnswer
 from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport, UpstreamResponse, joined, refused
 
 log = logging.getLogger("tokengate.upstream")
 
 USER_AGENT = "tokengate/0.1"
+RESPONSES, CHAT = "/v1/responses", "/v1/chat/completions"
 # Client headers that carry API semantics the upstream needs; nothing else is forwarded.
 FORWARDED = frozenset({b"anthropic-version", b"anthropic-beta", b"openai-beta"})
 
@@ -108,6 +112,8 @@ class UpstreamClient:
         method: str = "POST",
         client_headers: Mapping[str, str] | None = None,
     ) -> UpstreamResponse:
+        if path == RESPONSES and self.domain.responses == "chat" and body is not None:
+            return await self._on_chat(body, stream, request_id, client_headers)
         # /v1/messages and its /count_tokens: Anthropic's credential header
         base = self._anthropic if path.startswith("/v1/messages") else self._headers
         headers = {**base, "x-request-id": request_id}
@@ -124,6 +130,29 @@ class UpstreamClient:
         if resp.status != 400 or not client_headers:
             return resp
         return await self._refused(resp, method, url, headers, body, stream)
+
+    async def _on_chat(
+        self,
+        body: bytes,
+        stream: bool,
+        request_id: str,
+        client_headers: Mapping[str, str] | None,
+    ) -> UpstreamResponse:
+        """A Responses request to an upstream that speaks only chat completions: sent as
+        one, answered as the Responses API would (`responses_chat.py`)."""
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise AttemptFailed(Reason.BAD_REQUEST, retryable=False, detail="not JSON") from None
+        chat, tools = to_chat(request)
+        resp = await self.send(
+            CHAT,
+            orjson.dumps(chat),
+            stream=stream,
+            request_id=request_id,
+            client_headers=client_headers,
+        )
+        return ChatAnswer(resp, request, tools)
 
     async def _refused(
         self,
