@@ -63,6 +63,7 @@ class KeySpec:
     max_concurrent: int | None = None  # None: no cap
     team: str | None = None
     budgets: tuple[Budget, ...] = ()
+    session_budgets: tuple[Budget, ...] = ()  # per agent session of this key
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,17 @@ def _keys(
             key, limits.tokens_per_minute, limits.requests_per_minute, limits.max_concurrent
         )
         budgets = _budgets("key", key.alias, key.budgets, f"{where}.budgets", problems, source)
-        out.append(dataclasses.replace(spec, team=key.team, budgets=budgets))
+        per_session = _budgets(
+            "key",
+            key.alias,
+            [key.session_budget] if key.session_budget else [],
+            f"{where}.session_budget",
+            problems,
+            source,
+        )
+        out.append(
+            dataclasses.replace(spec, team=key.team, budgets=budgets, session_budgets=per_session)
+        )
     return out
 
 

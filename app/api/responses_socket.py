@@ -28,6 +28,7 @@ from app.api.errors import render
 from app.api.middleware import new_request_id
 from app.errors import GatewayError, UpgradeRequired
 from app.gateway import Gateway
+from app.pipeline.session import SESSION_HEADERS
 from app.pipeline.socket_session import SocketSession
 from app.upstream.client import forwardable
 from app.upstream.websocket import UpstreamSockets
@@ -100,6 +101,9 @@ def _session(gateway: Gateway, scope: Scope) -> SocketSession:
         max_body=settings.server.max_body_bytes,
         new_request_id=new_request_id,
         sockets=UpstreamSockets(gateway.socket_dialer) if gateway.socket_dialer else None,
+        session_header=next(
+            (v.decode("latin-1") for k, v in scope["headers"] if k in SESSION_HEADERS), None
+        ),
     )
 
 

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from itertools import chain
 
+from app.billing.periods import Calendar
 from app.billing.prices import PriceList, Tokens, render
 from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
@@ -39,6 +40,7 @@ from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
+from app.limits.sessions import SessionBook, raw_session, session_refusal
 from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer
@@ -85,6 +87,7 @@ class Pipeline:
         self.holds = KeyHolds(admission, metrics, spawn)
         self.sessions = SessionTable()
         self.planner = Planner(domains)
+        self.session_spend = SessionBook(Calendar(runtime.settings.billing.timezone))
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -106,6 +109,11 @@ class Pipeline:
         self.sessions.load_factor = runtime.settings.affinity.load_factor
         billing = runtime.settings.billing
         self.prices = PriceList(billing.prices, billing.currency)
+        sessions = runtime.settings.sessions
+        if billing.timezone != self.session_spend.calendar.timezone:
+            self.session_spend.calendar = Calendar(billing.timezone)
+        self.session_spend.max_per_key = sessions.max_per_key
+        self.session_spend.idle_sec = sessions.idle_sec
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
@@ -133,6 +141,7 @@ class Pipeline:
             )
         try:
             requested, first = self.planner.plan(call)
+            self._session(call)
             cost = self.holds.reservation(call)
             ticket = await self.admission.admit(call.key, cost, self._spend(call, requested, cost))
         except GatewayError as exc:
@@ -177,6 +186,19 @@ class Pipeline:
         return answer
 
     # -- spend ------------------------------------------------------------------------
+    def _session(self, call: ClientRequest) -> None:
+        """Name the agent session the request is accounted under; refuse it if that
+        session spent its key's `session_budget` (sessions.py)."""
+        raw = raw_session(call.session_header, call.body)
+        if raw is None:
+            return
+        key = call.key
+        call.session_label = label = self.session_spend.label(key.alias, raw)
+        if key.session_budgets:
+            over = self.session_spend.over(key.alias, label, key.session_budgets)
+            if over is not None:
+                raise session_refusal(key.alias, label, over, self.prices.currency)
+
     def _spend(self, call: ClientRequest, model: str, tokens: int) -> int | None:
         """What the request may cost (nano-units): the prompt estimate at the input price,
         the rest of its token reservation at the output price; None: no price."""
@@ -514,7 +536,13 @@ class Pipeline:
             cache_write_tokens=trace.cache_write_tokens,
             estimated=trace.estimated,
             cost_nanos=self._priced(call, trace, failed),
+            session=call.session_label,
         )
+        if entry.session != "-":
+            periods = self.session_spend.periods_now(call.key.session_budgets)
+            self.session_spend.add(
+                entry.key, entry.session, entry.tokens, entry.cost_nanos, periods
+            )
         self.admission.settle(ticket, entry, dispatched=trace.dispatched)
         self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
         self._log(trace, status, exc, entry)

@@ -82,7 +82,9 @@ class SocketSession:
         new_request_id: Callable[[], str],
         sockets: UpstreamSockets | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        session_header: str | None = None,
     ) -> None:
+        self.session_header = session_header  # the upgrade's agent session id, if any
         self.service = service
         self.sockets = sockets
         self.authenticate = authenticate
@@ -180,6 +182,7 @@ class SocketSession:
             )
         call = parse_call(RESPONSES_SOCKET, raw, key, self.new_request_id(), self.headers, started)
         call.sockets = self.sockets
+        call.session_header = self.session_header
         answer = await self.service.create(call)
         if not isinstance(answer, StreamAnswer):  # stream is always set: a bug if not
             raise InvalidRequest("the upstream did not stream the response")
