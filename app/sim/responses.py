@@ -18,6 +18,7 @@ and key checks are the simulator's own (`server.Sim`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -79,8 +80,10 @@ class ResponsesSim:
     # -- POST /v1/responses -----------------------------------------------------------------
     async def create(self, request: Request) -> Response:
         sim = self.sim
-        body = _json(await request.body())
+        raw = await request.body()
+        body = _json(raw)
         rec = sim._record(request, body)
+        rec["raw_sha256"] = hashlib.sha256(raw).hexdigest()
         sim.inflight += 1
         sim.peak_inflight = max(sim.peak_inflight, sim.inflight)
         handed_off = False

@@ -17,6 +17,7 @@ The `/_sim/*` control routes have no auth: bind the simulator to loopback.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import time
 from collections import deque
@@ -200,7 +201,9 @@ class Sim:
             body: Any = orjson.loads(raw)
         except orjson.JSONDecodeError:
             body = None
-        return body, self._record(request, body)
+        rec = self._record(request, body)
+        rec["raw_sha256"] = hashlib.sha256(raw).hexdigest()  # to compare bytes, not values
+        return body, rec
 
     async def handle(self, request: Request) -> Response:
         anthropic = request.url.path == MESSAGES
