@@ -140,6 +140,7 @@ class Gateway:
         self.board = StatusBoard(step_sec=s.ui.step_sec) if s.ui.enabled else None
         metrics.watch(self.board)
         self.draining = False
+        self.socket_turns = 0  # Responses WebSocket turns in flight (a drain lets them end)
         self._unresolved: set[str] = set()
         self._drain_started = 0.0
         self.started_at = time.time()

@@ -261,7 +261,8 @@ class Metrics:
         self.socket_messages = Counter(
             "tokengate_responses_websocket_messages",
             "Client messages on Responses API WebSockets (kind = create|warmup|refused|"
-            "ignored); each `create` is also one request in the request metrics.",
+            "ignored|waited; `waited`: a turn waited out its key's 429 before any output); "
+            "each `create` is also one request in the request metrics.",
             ["kind"],
             registry=r,
         )
