@@ -21,6 +21,7 @@ continued from `previous_response_id`, or the prefix repeated under the same
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -218,8 +219,10 @@ def plan(
 
 
 def _call(tool: response_tools.Offered, words: list[str]) -> tuple[dict[str, Any], str]:
-    """The call item for `tool` and its generated text."""
-    base = {"call_id": new_id("call"), "status": "completed"}
+    """The call item for `tool` and its generated text. Its `call_id` depends only on the
+    request (the same conversation gets the same id), so a recorded conversation replays."""
+    digest = hashlib.sha256(f"{tool.namespace}:{tool.name}:{' '.join(words)}".encode())
+    base = {"call_id": f"call_{digest.hexdigest()[:24]}", "status": "completed"}
     if tool.kind == "custom":
         raw = " ".join(words)
         return {
