@@ -38,6 +38,8 @@ from app.upstream.responses_chat import (
 )
 from app.upstream.transport import UpstreamResponse
 
+MAX_EVENT = 4 * 1024 * 1024  # bytes of one upstream event held while it is incomplete
+
 
 @dataclass
 class _Call:
@@ -83,6 +85,8 @@ class ChatStream:
         """The Responses events for this piece of the chat stream (maybe none yet)."""
         data = self._tail + chunk
         *whole, self._tail = data.replace(b"\r\n", b"\n").split(b"\n\n")
+        if len(self._tail) > MAX_EVENT:  # an upstream that never ends its event: drop it
+            self._tail = b""
         out = bytearray()
         for event in whole:
             for line in event.split(b"\n"):
