@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps codex-cli claude-code bench-deps demo test test-fast test-loaded test-unit test-e2e lint format docs bench cost-guard cost-budgets clean
+.PHONY: help install system-deps codex-cli claude-code agents-refresh bench-deps demo test test-fast test-loaded test-unit test-e2e lint format docs bench cost-guard cost-budgets clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ claude-code: ## install Claude Code (npm, pinned) for its e2e test; Node/npm fro
 	@$(CLAUDE_CODE) --version 2>/dev/null | grep -q '^$(CLAUDE_CODE_VERSION) ' || \
 	  npm install --prefix $(CLAUDE_CODE_DIR) --no-audit --no-fund --loglevel=error \
 	    @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
+
+agents-refresh: install codex-cli claude-code ## re-record tests/fixtures/agents/ from the pinned Codex CLI and Claude Code
+	$(BIN)/python -m tests.support.agents_record --codex $(CODEX) --claude $(CLAUDE_CODE)
 
 bench-deps: system-deps ## also install nginx, wrk, valgrind, faketime (Debian) and py-spy (pip) when missing
 	$(call apt,nginx:nginx wrk:wrk valgrind:valgrind faketime:faketime)

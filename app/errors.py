@@ -227,6 +227,13 @@ class BudgetExceeded(GatewayError):
     code = "budget_exceeded"
 
 
+class SessionBudgetExceeded(BudgetExceeded):
+    """One agent session of a key has spent its key's `session_budget`: a runaway loop is
+    stopped, with a message the agent shows its user; other sessions of the key go on."""
+
+    code = "session_budget_exceeded"
+
+
 class ServiceUnavailable(GatewayError):
     status = 503
     type = "service_unavailable"

@@ -143,6 +143,7 @@ class Gateway:
         self.board = StatusBoard(step_sec=s.ui.step_sec) if s.ui.enabled else None
         metrics.watch(self.board)
         self.draining = False
+        self.socket_turns = 0  # Responses WebSocket turns in flight (a drain lets them end)
         self._unresolved: set[str] = set()
         self._drain_started = 0.0
         self.started_at = time.time()
@@ -183,7 +184,9 @@ class Gateway:
         )
         return Domain(
             spec=spec,
-            client=UpstreamClient(spec, self._transport_factory(spec)),
+            client=UpstreamClient(
+                spec, self._transport_factory(spec), self.metrics.record_header_refused
+            ),
             dispatcher=dispatcher,
             breaker=Breaker(s.breaker),
             budget=RetryBudget(

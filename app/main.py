@@ -58,7 +58,13 @@ def create_app(
             tune_gc()
         drain = runtime.settings.server.drain_delay_sec
         guard = (
-            lifecycle_signals(gateway.begin_drain, gateway.request_reload, drain)
+            lifecycle_signals(
+                gateway.begin_drain,
+                gateway.request_reload,
+                drain,
+                busy=lambda: gateway.socket_turns > 0,
+                patience=runtime.settings.server.drain_timeout_sec,
+            )
             if handle_signals
             else nullcontext()
         )

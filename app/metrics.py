@@ -178,6 +178,13 @@ class Metrics:
             ["domain", "reason"],
             registry=r,
         )
+        self.header_refused = Counter(
+            "tokengate_header_values_refused",
+            "Requests an upstream refused (400) for a header value it does not know (a new "
+            "`anthropic-beta`), sent again once without it, by domain and header.",
+            ["domain", "header"],
+            registry=r,
+        )
         self.resends = Counter(
             "tokengate_upstream_resends",
             "Requests sent upstream again (a retry, another domain or model, a requeue after "
@@ -254,7 +261,8 @@ class Metrics:
         self.socket_messages = Counter(
             "tokengate_responses_websocket_messages",
             "Client messages on Responses API WebSockets (kind = create|warmup|refused|"
-            "ignored); each `create` is also one request in the request metrics.",
+            "ignored|waited; `waited`: a turn waited out its key's 429 before any output); "
+            "each `create` is also one request in the request metrics.",
             ["kind"],
             registry=r,
         )
@@ -384,6 +392,9 @@ class Metrics:
 
     def record_resend(self, domain: str, reason: str) -> None:
         self._child(self.resends, domain, reason).inc()
+
+    def record_header_refused(self, domain: str, header: str) -> None:
+        self._child(self.header_refused, domain, header).inc()
 
     def record_attempt(self, domain: str, outcome: str) -> None:
         self._tally(self.attempts, domain, outcome).inc()

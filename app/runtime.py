@@ -17,11 +17,13 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import SecretStr
 
 from app.billing.budgets import Budget, Scope
 from app.billing.prices import to_nanos
+from app.config.cluster import HeaderPolicyConfig
 from app.config.errors import ConfigError, Problem
 from app.config.schema import BudgetConfig, KeyConfig, ScaleUpConfig, Settings
 from app.kinds import ApiStyle, Priority
@@ -40,8 +42,11 @@ class DomainSpec:
     quota_window_sec: float = 1.0
     weight: float = 1.0
     api_style: ApiStyle = ApiStyle.OPENAI
-    responses: bool = True  # serves the Responses API (if api_style speaks OpenAI's)
+    # serves the Responses API (if api_style speaks OpenAI's); "chat": translated onto chat
+    responses: bool | Literal["chat"] = True
     responses_websocket: bool = False  # ... and its WebSocket mode
+    # Per comma-list header (`anthropic-beta`...): what of the client's values goes upstream.
+    headers: Mapping[str, HeaderPolicyConfig] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class KeySpec:
     team: str | None = None
     max_websockets: int | None = None  # None: server.max_websockets_per_key
     budgets: tuple[Budget, ...] = ()
+    session_budgets: tuple[Budget, ...] = ()  # per agent session of this key
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,7 @@ def _domains(
                 api_style=entry.api_style,
                 responses=entry.responses,
                 responses_websocket=entry.responses_websocket,
+                headers={str(name): policy for name, policy in entry.headers.items()},
             )
         )
     return out
@@ -251,7 +258,17 @@ def _keys(
             key, limits.tokens_per_minute, limits.requests_per_minute, limits.max_concurrent
         )
         budgets = _budgets("key", key.alias, key.budgets, f"{where}.budgets", problems, source)
-        out.append(dataclasses.replace(spec, team=key.team, budgets=budgets))
+        per_session = _budgets(
+            "key",
+            key.alias,
+            [key.session_budget] if key.session_budget else [],
+            f"{where}.session_budget",
+            problems,
+            source,
+        )
+        out.append(
+            dataclasses.replace(spec, team=key.team, budgets=budgets, session_budgets=per_session)
+        )
     return out
 
 

@@ -33,10 +33,16 @@ def exit_cleanly(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def lifecycle_signals(
-    begin_drain: Callable[[], None], reload: Callable[[], None], delay: float
+    begin_drain: Callable[[], None],
+    reload: Callable[[], None],
+    delay: float,
+    busy: Callable[[], bool] = lambda: False,
+    patience: float = 0.0,
 ) -> Iterator[None]:
-    """SIGTERM: mark draining, then (after `delay`) hand over to uvicorn's own stop.
-    SIGHUP: reload the configuration files in place."""
+    """SIGTERM: mark draining, then (after `delay`, and once `busy()` is false or
+    `patience` more seconds passed) hand over to uvicorn's own stop. `busy` is what
+    uvicorn's stop would cut: it closes WebSockets at once (1012), so a Responses turn in
+    flight on one is let finish first. SIGHUP: reload the configuration files in place."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -50,10 +56,18 @@ def lifecycle_signals(
 
     def on_term() -> None:
         begin_drain()
+        give_up = loop.time() + delay + patience
+
+        def when_idle() -> None:
+            if busy() and loop.time() < give_up:
+                loop.call_later(0.05, when_idle)
+            else:
+                forward()
+
         if delay > 0:
-            loop.call_later(delay, forward)
+            loop.call_later(delay, when_idle)
         else:
-            forward()
+            when_idle()
 
     loop.add_signal_handler(signal.SIGTERM, on_term)
     loop.add_signal_handler(signal.SIGHUP, reload)

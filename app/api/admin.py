@@ -40,7 +40,7 @@ async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
 AdminDep = Annotated[Gateway, Depends(_admin)]
 
 
-GROUPS = ("key", "team", "model", "domain")
+GROUPS = ("key", "team", "model", "domain", "session")
 
 
 @router.get("/usage", response_model=None)

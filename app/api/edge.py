@@ -55,7 +55,9 @@ class EdgeRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
         if endpoint is None:
-            if scope["type"] == "websocket" and scope["path"] == RESPONSES.path:
+            if scope["type"] == "websocket":
+                # /v1/responses is the only WebSocket route; any other upgrade is a 426
+                # too (never a 403 or 404, which cost Codex seconds of reconnects)
                 await serve_socket(scope, receive, send, self.gateway)
                 return
             await self.app(scope, receive, send)

@@ -1,7 +1,8 @@
 """`GET /v1/responses` with `Upgrade: websocket`: the Responses API's WebSocket mode.
 
 The upgrade is refused at once when it cannot be served: 426 when the mode is off
-(`responses.websocket = false`) or no domain serves the Responses API (Codex CLI then
+(`responses.websocket = false`), no domain serves the Responses API, the gateway is
+draining, or the path is not `/v1/responses` (every "no WebSocket here" is a 426: Codex CLI then
 falls back to HTTP for the whole session, in one round trip; a 404 or 405 would cost it
 seven attempts over several seconds), 401 for a bad key. Both are real HTTP answers with
 OpenAI's error body (the ASGI WebSocket denial response), sent before the handshake.
@@ -36,6 +37,7 @@ from app.api.errors import render
 from app.api.middleware import new_request_id
 from app.errors import GatewayError, RateLimited, UpgradeRequired
 from app.gateway import Gateway
+from app.pipeline.session import SESSION_HEADERS
 from app.pipeline.socket_session import SocketSession
 from app.runtime import KeySpec
 from app.upstream.client import forwardable
@@ -49,7 +51,17 @@ INTERNAL = 1011
 _GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)
 
 
-def not_served(gateway: Gateway) -> UpgradeRequired | None:
+def not_served(gateway: Gateway, path: str = "/v1/responses") -> UpgradeRequired | None:
+    if path != "/v1/responses":
+        return UpgradeRequired(
+            f"no WebSocket mode on {path[:200]}; the Responses WebSocket mode is at "
+            "/v1/responses (use HTTP here)"
+        )
+    if gateway.draining:
+        return UpgradeRequired(
+            "the gateway is restarting and takes no new WebSocket connections; "
+            "use POST /v1/responses"
+        )
     if not gateway.runtime.settings.responses.websocket:
         return UpgradeRequired(
             "the Responses WebSocket mode is off on this gateway (responses.websocket); "
@@ -67,7 +79,7 @@ async def serve_socket(scope: Scope, receive: Receive, send: Send, gateway: Gate
     if (await ws.receive())["type"] != "websocket.connect":
         return
     try:
-        refusal = not_served(gateway)
+        refusal = not_served(gateway, scope["path"])
         if refusal is not None:
             raise refusal
         caller = caller_of(scope, gateway)
@@ -128,6 +140,10 @@ def _session(gateway: Gateway, scope: Scope) -> SocketSession:
         max_body=settings.server.max_body_bytes,
         new_request_id=new_request_id,
         sockets=UpstreamSockets(gateway.socket_dialer) if gateway.socket_dialer else None,
+        max_wait=settings.token_scheduler.max_queue_wait_ms / 1000,
+        session_header=next(
+            (v.decode("latin-1") for k, v in scope["headers"] if k in SESSION_HEADERS), None
+        ),
     )
 
 
@@ -138,7 +154,12 @@ async def _converse(ws: WebSocket, gateway: Gateway, session: SocketSession) -> 
     async def work() -> None:
         while True:
             text = await inbox.get()
-            if not await session.handle(text, ws.send_text):
+            gateway.socket_turns += 1
+            try:
+                valid = await session.handle(text, ws.send_text)
+            finally:
+                gateway.socket_turns -= 1
+            if not valid:
                 await _close(ws, POLICY, "the key is no longer valid")
                 return
             if gateway.draining:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from app.api import views
-from app.billing.prices import amount
+from app.billing.prices import amount, render
 from app.dispatch.domain import Domain
 from app.gateway import Gateway
 from app.limits.admission import KeyUse
@@ -61,8 +61,26 @@ async def snapshot(gateway: Gateway, board: StatusBoard) -> dict[str, object]:
         ],
         "status": status,
         "keys": [_key(k, use, _fullest(k, budgets)) for k, use in uses],
+        "sessions": _sessions(gateway, now),
         **board.snapshot(),
     }
+
+
+def _sessions(gateway: Gateway, now: float) -> list[dict[str, object]]:
+    """Today's costliest agent sessions on this process (`app.limits.sessions`)."""
+    currency = gateway.pipeline.prices.currency
+    return [
+        {
+            "session": label,
+            "key": key,
+            "requests": spent.requests,
+            "tokens": spent.tokens,
+            "cost": render(spent.cost),
+            "currency": currency,
+            "last_seen_sec": round(max(0.0, now - spent.last), 1),
+        }
+        for key, label, spent in gateway.pipeline.session_spend.costliest(10)
+    ]
 
 
 def _keys(gateway: Gateway) -> list[KeySpec]:

@@ -143,6 +143,22 @@ class AffinityConfig(Section):
     )
 
 
+class SessionsConfig(Section):
+    max_per_key: int = Field(
+        64,
+        ge=1,
+        le=10_000,
+        description="Agent sessions a key may have active at once in the ledger and the session "
+        "spend (the client names them, so they are bounded); a new one past it is accounted "
+        "as `~other`.",
+    )
+    idle_sec: float = Field(
+        900.0,
+        gt=0,
+        description="A session not seen this long stops counting as active (for `max_per_key`).",
+    )
+
+
 class KeyConfig(Section):
     alias: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
@@ -177,6 +193,13 @@ class KeyConfig(Section):
         default_factory=list,
         description="This key's budgets (`period` and `max_cost` and/or `max_tokens`); past one "
         "the key gets 429 `budget_exceeded` until the period resets.",
+    )
+    session_budget: BudgetConfig | None = Field(
+        None,
+        description="Most one agent session of this key may spend per period (`period`, "
+        "`max_tokens` and/or `max_cost`): a session (Claude Code's or Codex's session id, or "
+        "`prompt_cache_key`) past it gets 429 `session_budget_exceeded` until the period "
+        "resets; other sessions of the key go on. Counted per gateway process.",
     )
 
     @field_validator("key_sha256")

@@ -80,6 +80,36 @@ class TokenSchedulerConfig(Section):
     )
 
 
+# The comma-list API headers a client may send that a domain's policy can rewrite.
+PolicedHeader = Literal["anthropic-beta", "openai-beta"]
+
+
+class HeaderPolicyConfig(Section):
+    drop: list[str] = Field(
+        default_factory=list,
+        description="Values never sent to this upstream: exact names or shell-style globs "
+        "(`context-1m-*`), matched against each comma-separated value the client sent.",
+    )
+    rename: dict[str, str] = Field(
+        default_factory=dict,
+        description='Values sent under another name: `{"client-value" = "upstream-value"}`, '
+        "exact names, applied after `drop`.",
+    )
+    allow: list[str] | None = Field(
+        None,
+        description="If set, only values matching one of these globs are sent (`*-2025-*`, "
+        "`*-2026-*`, `claude-code-*`), after `rename`; the rest are dropped, not refused. "
+        "Unset: every value passes.",
+    )
+    retry_refused: bool = Field(
+        True,
+        description="An upstream 400 whose error message names values that were sent "
+        '("Unexpected value(s) `x` for the `anthropic-beta` header") is sent again once '
+        "without them, and they are dropped from this domain's later requests until a "
+        "reload (`tokengate_header_values_refused_total`).",
+    )
+
+
 class ScaleUpConfig(Section):
     domain: DomainName | None = Field(
         None,
@@ -132,11 +162,13 @@ class ScaleUpConfig(Section):
         description="Which API the upstream speaks: `openai` (chat/completions/embeddings), "
         "`anthropic` (`POST /v1/messages`, authenticated with `x-api-key`) or `both`.",
     )
-    responses: bool = Field(
+    responses: bool | Literal["chat"] = Field(
         True,
         description="The upstream (api_style `openai` or `both`) serves OpenAI's Responses API "
         "(`/v1/responses`); false keeps Responses traffic, and the WebSocket mode, off "
-        "this domain.",
+        'this domain; `"chat"`: it speaks only chat completions, and the gateway translates '
+        "Responses requests onto `/v1/chat/completions` and the answers back (function, "
+        "namespace, custom and tool_search tools included; nothing is stored upstream).",
     )
     responses_websocket: bool = Field(
         False,
@@ -144,6 +176,13 @@ class ScaleUpConfig(Section):
         "requests that reach the gateway over its WebSocket mode go on over a WebSocket of "
         "their own, one per client connection, sending only the new items while the "
         "upstream holds the conversation. False: HTTP + SSE, the whole conversation each time.",
+    )
+    headers: dict[PolicedHeader, HeaderPolicyConfig] = Field(
+        default_factory=dict,
+        description="What this upstream gets of the client's `anthropic-beta` / `openai-beta` "
+        "values (`[scale_up.headers.anthropic-beta]`: `drop`, `rename`, `allow`, "
+        "`retry_refused`). Unset: passed as sent, and a value the upstream refuses in a 400 "
+        "is retried without.",
     )
 
 

@@ -76,8 +76,9 @@ def parse_target(
     """The configured Redis, or None when none is (limits stay in-process)."""
     if url is None and not sentinels:
         if cluster or sentinel_service:
-            raise TargetError("redis.cluster / redis.sentinel_service need redis.url or "
-                              "redis.sentinels")  # fmt: skip
+            raise TargetError(
+                "redis.cluster / redis.sentinel_service need redis.url or redis.sentinels"
+            )
         return None
     if sentinels:
         return _sentinel_fields(url, list(sentinels), sentinel_service, cluster, password)
@@ -126,10 +127,12 @@ def _from_url(url: str, service_field: str | None) -> RedisTarget:
         return _unix(parts.path, parts.query, username, password)
     tls = scheme.startswith("rediss")
     shape: Shape = (
-        "sentinel" if scheme.endswith("+sentinel") else
-        "cluster" if scheme.endswith("+cluster") else
-        "standalone"
-    )  # fmt: skip
+        "sentinel"
+        if scheme.endswith("+sentinel")
+        else "cluster"
+        if scheme.endswith("+cluster")
+        else "standalone"
+    )
     netloc = parts.netloc.rpartition("@")[2]
     if not netloc:
         raise TargetError("redis.url names no host")

@@ -89,6 +89,11 @@ def _rows(model: type[BaseModel], prefix: str, env_prefix: str) -> list[str]:
             rows.append(f"| `{dotted}` | `{env}` (JSON) | {_default(field)} | {desc} |")
             rows += _item_rows(items[1], dotted + items[0] + ".", f"`{env}`")
             continue
+        if items is not None:  # in a `[[scale_up]]` entry: a map of sections (`headers`)
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{dotted}` | (per domain) | {_default(field)} | {desc} |")
+            rows += _item_rows(items[1], dotted + items[0] + ".", "the domain's entry")
+            continue
         if dotted == "api_key":
             env = "(not settable: `${VAR}` in settings.json)"
         elif prefix == "scale_up[].":

@@ -21,6 +21,7 @@ from app.config.access import (
     ModelRouteConfig,
     RateLimitConfig,
     RetryPolicyConfig,
+    SessionsConfig,
 )
 from app.config.billing import BillingConfig, BudgetConfig, PriceConfig, TeamConfig
 from app.config.cluster import (
@@ -61,6 +62,7 @@ __all__ = [
     "ScaleUpConfig",
     "Section",
     "ServerConfig",
+    "SessionsConfig",
     "Settings",
     "TeamConfig",
     "TokenSchedulerConfig",
@@ -116,6 +118,7 @@ class Settings(BaseSettings):
     )
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     affinity: AffinityConfig = Field(default_factory=AffinityConfig)
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)

@@ -1,6 +1,7 @@
 """Every table of the durable store, in one place (the migrations create the same).
 
-    usage_minute   the ledger: one row per (minute, key, model, domain, status, team), counters
+    usage_minute   the ledger: one row per (minute, key, model, domain, status, team,
+                   session), counters (session: the agent session, "-" for none)
     usage_hour     the same, rolled up once minutes pass `ledger.minute_retention_days`
     budget_spend   spend per (scope, owner, period id): cost and tokens, added in the same
                    transaction as the ledger rows they come from (budgets read it)
@@ -51,7 +52,7 @@ Id = BigInteger().with_variant(Integer(), "sqlite")
 # counter needs a migration and one name here. `team` is the key's team when the request
 # was made ("-": none); `cost_nanos` is in nano-units of `billing.currency`, and counts
 # only priced requests: `unpriced_requests` says how many had no price (cost unknown).
-DIMENSIONS = ("key", "model", "domain", "status", "team")
+DIMENSIONS = ("key", "model", "domain", "status", "team", "session")
 COUNTERS = (
     "requests",
     "errors",
@@ -78,6 +79,7 @@ def _usage(name: str) -> Table:
         Column("domain", String(128), nullable=False),
         Column("status", Integer, nullable=False),
         Column("team", String(128), nullable=False, server_default="-"),
+        Column("session", String(64), nullable=False, server_default="-"),
         *(Column(c, BigInteger, nullable=False, server_default="0") for c in COUNTERS),
         Index(f"uq_{name}_dims", "bucket", *DIMENSIONS, unique=True),
     )

@@ -63,6 +63,7 @@ class UsageEntry(NamedTuple):
     cache_write_tokens: int = 0
     estimated: bool = False  # no usage from the upstream: counted by the gateway
     cost_nanos: int | None = 0  # None: the model has no price (cost unknown)
+    session: str = "-"  # the agent session (sessions.py: bounded label), "-": none
 
     def counters(self) -> list[int]:
         """In the order of `app.db.tables.COUNTERS`."""
@@ -139,7 +140,15 @@ class Ledger:
     # -- the hot path -------------------------------------------------------------------------
     def add(self, entry: UsageEntry) -> None:
         now = int(self.clock())
-        key = (now - now % 60, entry.key, entry.model, entry.domain, entry.status, entry.team)
+        key = (
+            now - now % 60,
+            entry.key,
+            entry.model,
+            entry.domain,
+            entry.status,
+            entry.team,
+            entry.session,
+        )
         row = self._pending.get(key)
         if row is not None:
             row[0] += 1
@@ -204,7 +213,7 @@ class Ledger:
         out: dict[SpendKey, list[int]] = {}
         ids_at = self.calendar.ids_at
         rows = (row for source in sources for row in source.items())
-        for (bucket, key, *_dims, team), v in rows:
+        for (bucket, key, _model, _domain, _status, team, *_), v in rows:
             cost, tokens = v[_COST], v[_PROMPT] + v[_COMPLETION] + v[_FAILED_P] + v[_FAILED_C]
             if not (cost or tokens):
                 continue
@@ -337,9 +346,11 @@ class Ledger:
 
 
 def _bucket_key(raw: Sequence[Any]) -> BucketKey:
-    """A spill file's row key as the book takes it (JSON has no tuples)."""
-    bucket, key, model, domain, status, team = raw
-    return (int(bucket), str(key), str(model), str(domain), int(status), str(team))
+    """A spill file's row key as the book takes it (JSON has no tuples; a file written
+    before the session dimension has none)."""
+    bucket, key, model, domain, status, team, *rest = raw
+    session = str(rest[0]) if rest else "-"
+    return (int(bucket), str(key), str(model), str(domain), int(status), str(team), session)
 
 
 Spill = tuple[Path, str, list[tuple[int, Buckets]]]

@@ -407,8 +407,12 @@ class RedisStore:
             return
         if kind is Failure.BUG and type(exc).__name__ not in self._bugs:
             self._bugs.add(type(exc).__name__)
-            log.error("unexpected error from Redis or its client (served by the fail mode; "
-                      "logged once per kind): %s", describe(exc), exc_info=exc)  # fmt: skip
+            log.error(
+                "unexpected error from Redis or its client (served by the fail mode; "
+                "logged once per kind): %s",
+                describe(exc),
+                exc_info=exc,
+            )
         if kind is Failure.DOWN or outage:
             self._mark_down(exc)
             return

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from itertools import chain
 
+from app.billing.periods import Calendar
 from app.billing.prices import PriceList, Tokens, render
 from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
@@ -39,6 +40,7 @@ from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
 from app.limits.ledger import UsageEntry
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
+from app.limits.sessions import SessionBook, raw_session, session_refusal
 from app.limits.spend import SpendGate
 from app.limits.store import Spawn
 from app.metrics import Metrics
@@ -91,6 +93,7 @@ class Pipeline:
         self.planner = Planner(domains)
         self.allowance = Allowance(self.planner)
         self.allowance.spend = admission.spend
+        self.session_spend = SessionBook(Calendar(runtime.settings.billing.timezone))
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -113,6 +116,11 @@ class Pipeline:
         billing = runtime.settings.billing
         self.prices = PriceList(billing.prices, billing.currency)
         self.allowance.configure(self.prices, self.default_max_tokens)
+        sessions = runtime.settings.sessions
+        if billing.timezone != self.session_spend.calendar.timezone:
+            self.session_spend.calendar = Calendar(billing.timezone)
+        self.session_spend.max_per_key = sessions.max_per_key
+        self.session_spend.idle_sec = sessions.idle_sec
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
@@ -140,6 +148,7 @@ class Pipeline:
             )
         try:
             requested, first = self.planner.plan(call)
+            self._session(call)
             cost = self.holds.reservation(call)
             ask, priced = self.allowance.ask(call, requested)
             ticket = await self.admission.admit(call.key, cost, ask, priced=priced)
@@ -200,6 +209,19 @@ class Pipeline:
         return answer
 
     # -- spend ------------------------------------------------------------------------
+    def _session(self, call: ClientRequest) -> None:
+        """Name the agent session the request is accounted under; refuse it if that
+        session spent its key's `session_budget` (sessions.py)."""
+        raw = raw_session(call.session_header, call.body)
+        if raw is None:
+            return
+        key = call.key
+        call.session_label = label = self.session_spend.label(key.alias, raw)
+        if key.session_budgets:
+            over = self.session_spend.over(key.alias, label, key.session_budgets)
+            if over is not None:
+                raise session_refusal(key.alias, label, over, self.prices.currency)
+
     @staticmethod
     def _abandoned(call: ClientRequest, trace: Trace, status: int) -> tuple[int, int]:
         """The client left while the upstream had its (non-streamed) request: the upstream
@@ -532,7 +554,13 @@ class Pipeline:
             cache_write_tokens=trace.cache_write_tokens,
             estimated=trace.estimated,
             cost_nanos=self._priced(call, trace, failed),
+            session=call.session_label,
         )
+        if entry.session != "-":
+            periods = self.session_spend.periods_now(call.key.session_budgets)
+            self.session_spend.add(
+                entry.key, entry.session, entry.tokens, entry.cost_nanos, periods
+            )
         self.admission.settle(ticket, entry, dispatched=trace.dispatched)
         self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
         self._log(trace, status, exc, entry)

@@ -78,6 +78,7 @@ class ClientRequest:
     started: float = 0.0
     priority: QueueClass | None = None  # overrides the key's class (batch items: BATCH)
     session_header: str | None = None  # x-session-id (or Claude Code's own) if sent
+    session_label: str = "-"  # the agent session it is accounted under (limits/sessions.py)
 
     # Responses API: the only domain that can serve it (it holds `previous_response_id`),
     # and who to tell the id of the response the answer created (id, serving domain),

@@ -21,8 +21,11 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from app.limits.sessions import HEADERS
+
 _FIELDS = ("prompt_cache_key", "previous_response_id", "safety_identifier", "user")
-SESSION_HEADERS = (b"x-session-id", b"x-claude-code-session-id")
+# x-session-id, Claude Code's x-claude-code-session-id, Codex's session-id / thread-id
+SESSION_HEADERS = frozenset(HEADERS)
 _SKIPPED_TEXT = "x-anthropic-billing-header:"
 _NOT_TEXT = frozenset({"cache_control", "type", "id", "signature"})
 

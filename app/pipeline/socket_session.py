@@ -35,6 +35,8 @@ a connection grows with its conversation, not with the number of its turns.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections import OrderedDict
@@ -49,6 +51,7 @@ from app.errors import (
     GatewayError,
     InvalidRequest,
     PayloadTooLarge,
+    RateLimited,
     UpstreamRejected,
 )
 from app.metrics import Metrics
@@ -94,7 +97,11 @@ class SocketSession:
         new_request_id: Callable[[], str],
         sockets: UpstreamSockets | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        session_header: str | None = None,
+        max_wait: float = 0.0,
     ) -> None:
+        self.max_wait = max_wait  # how long a turn may wait for its key's limit to free
+        self.session_header = session_header  # the upgrade's agent session id, if any
         self.service = service
         self.sockets = sockets
         self.authenticate = authenticate
@@ -220,14 +227,35 @@ class SocketSession:
         done = {**response, "status": "completed"}
         await send(_frame({"type": "response.completed", "response": done, "sequence_number": 1}))
 
+    async def _admitted(self, raw: bytes, key: KeySpec, started: float) -> StreamAnswer:
+        """The turn's answer, once the pipeline takes it. A 429 of the key's own limits
+        before any output is waited out when its `Retry-After` falls within the queue
+        wait (`max_queue_wait_ms`, from the turn's start), as a queued request would
+        be: Codex would otherwise fail the turn. Upstream 429s are queued again by the
+        pipeline itself."""
+        while True:
+            call = parse_call(
+                RESPONSES_SOCKET, raw, key, self.new_request_id(), self.headers, started
+            )
+            call.sockets = self.sockets
+            call.session_header = self.session_header
+            try:
+                answer = await self.service.create(call)
+            except RateLimited as exc:
+                wait = exc.retry_after
+                if wait is None or self.clock() + wait > started + self.max_wait:
+                    raise
+                self.metrics.record_socket_message("waited")
+                await asyncio.sleep(wait)
+                continue
+            if not isinstance(answer, StreamAnswer):  # stream is always set: a bug if not
+                raise InvalidRequest("the upstream did not stream the response")
+            return answer
+
     async def _create(
         self, key: KeySpec, raw: bytes, items: list[Any], started: float, send: Send
     ) -> None:
-        call = parse_call(RESPONSES_SOCKET, raw, key, self.new_request_id(), self.headers, started)
-        call.sockets = self.sockets
-        answer = await self.service.create(call)
-        if not isinstance(answer, StreamAnswer):  # stream is always set: a bug if not
-            raise InvalidRequest("the upstream did not stream the response")
+        answer = await self._admitted(raw, key, started)
         output: list[Any] = []
         size = len(raw)
         final: dict[str, Any] | None = None
@@ -242,12 +270,34 @@ class SocketSession:
                         elif event.get("type") in RESPONSES_TERMINAL:
                             final = event.get("response")
                     await send(payload.decode())
+        except BaseException:
+            if final is None:  # the turn must still end with a terminal event
+                await _failed(send, "the gateway stopped this response before it ended")
+            raise
         finally:
             await answer.aclose()  # settles as a client disconnect if the body did not end
+        if final is None:
+            await _failed(send, "the response stream ended before its terminal event")
         if isinstance(final, dict) and final.get("status") in ("completed", "incomplete"):
             response_id = final.get("id")
             if isinstance(response_id, str):
                 self._keep(response_id, Turn(items, output, size))
+
+
+async def _failed(send: Send, message: str) -> None:
+    """`response.failed` for a turn that could not end otherwise (best effort: the
+    client may be gone, and a drain that cancels the turn must not wait on it)."""
+    event = {
+        "type": "response.failed",
+        "response": {
+            "object": "response",
+            "status": "failed",
+            "error": {"code": "stream_interrupted", "message": message},
+        },
+    }
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        async with asyncio.timeout(1.0):
+            await send(_frame(event))
 
 
 def _message(text: str) -> dict[str, Any]:

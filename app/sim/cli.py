@@ -89,6 +89,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also serve the Responses API's WebSocket mode on GET /v1/responses",
     )
+    p.add_argument(
+        "--betas",
+        help="comma-separated anthropic-beta values (globs) it knows: any other is refused "
+        "with 400, as strict upstreams (Vertex, Bedrock) do (default: any is accepted)",
+    )
 
 
 def knobs_from(args: argparse.Namespace) -> SimKnobs:
@@ -110,6 +115,7 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
         tool_calls=args.tool_calls,
         background_ms=args.background_ms,
         responses_websocket=args.responses_websocket,
+        betas=None if args.betas is None else tuple(b for b in args.betas.split(",") if b),
         faults=Faults(
             status=args.fail_status,
             count=args.fail_next,

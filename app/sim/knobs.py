@@ -57,6 +57,7 @@ class SimKnobs:
     responses_websocket: bool = False  # also serve the Responses WebSocket mode
     cache_entries: int = 50_000  # prompt-cache prefixes remembered (LRU); 0: no cache
     cache_min_tokens: int = 1024  # shorter prefixes are never cached (as both APIs do)
+    betas: tuple[str, ...] | None = None  # anthropic-beta globs known; None: any accepted
     tool_calls: ToolMode = "auto"  # see tools.py: every request with tools, or only when named
     faults: Faults = field(default_factory=Faults)
     seed: int = 7

@@ -21,6 +21,7 @@ continued from `previous_response_id`, or the prefix repeated under the same
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,9 +30,9 @@ from typing import Any
 
 import orjson
 
-from app.sim import text
+from app.sim import response_tools, text
 from app.sim.errors import SimError
-from app.sim.tools import Tool, ToolMode, named
+from app.sim.tools import ToolMode
 
 ITEM_OVERHEAD = 3
 _NOT_TEXT = frozenset({"id", "type", "call_id", "role", "status"})  # framing, not words
@@ -97,21 +98,10 @@ def input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def check_outputs(context: list[Any], items: list[dict[str, Any]]) -> None:
-    """A tool's output must answer a call made earlier in the conversation (what the
-    real API checks, and what catches a gateway that lost the earlier items)."""
-    calls = {
-        i.get("call_id")
-        for i in context
-        if isinstance(i, dict) and i.get("type") == "function_call"
-    }
-    for n, item in enumerate(items):
-        if item.get("type") == "function_call":
-            calls.add(item.get("call_id"))
-        elif item.get("type") == "function_call_output" and item.get("call_id") not in calls:
-            raise bad(
-                f"No tool call found for function call output with call_id "
-                f"{item.get('call_id')!r} (input[{n}])."
-            )
+    """A tool's output must answer a call made earlier in the conversation."""
+    problem = response_tools.check_outputs(context, items)
+    if problem is not None:
+        raise bad(problem)
 
 
 # -- answering ------------------------------------------------------------------------------
@@ -123,32 +113,6 @@ class Plan:
     prompt: int
     cached: int
     output_tokens: int
-
-
-def _function_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
-    tools = body.get("tools")
-    if not isinstance(tools, list):
-        return []
-    return [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
-
-
-def _tool_to_call(
-    body: dict[str, Any], items: list[dict[str, Any]], mode: ToolMode
-) -> dict[str, Any] | None:
-    """The function tool to call (tools.py has the rule, for every dialect)."""
-    tools = _function_tools(body)
-    choice = body.get("tool_choice", "auto")
-    if not tools or choice == "none":
-        return None
-    if items and items[-1].get("type") == "function_call_output":
-        return None  # the tool ran: now answer
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return next((t for t in tools if t.get("name") == choice.get("name")), tools[0])
-    if mode == "auto" or choice == "required":
-        return tools[0]
-    offered = [Tool(str(t.get("name")), {}) for t in tools]
-    found = named(offered, _last_user_text(items))
-    return next((t for t in tools if found and t.get("name") == found.name), None)
 
 
 def _last_user_text(items: list[dict[str, Any]]) -> str:
@@ -228,20 +192,11 @@ def plan(
     reasoning = text.count_text(SUMMARY) if reasoning_item else 0
     if reasoning_item:
         output.append(reasoning_item)
-    tool = _tool_to_call(body, items, tool_calls)
+    tool = response_tools.to_call(body, items, tool_calls, _last_user_text(items))
     status, incomplete = "completed", None
     if tool is not None:
-        args = arguments(tool, text.reply_words(seed, 2))
-        output.append(
-            {
-                "type": "function_call",
-                "id": new_id("fc"),
-                "call_id": new_id("call"),
-                "name": tool.get("name"),
-                "arguments": args,
-                "status": "completed",
-            }
-        )
+        call, args = _call(tool, text.reply_words(seed, 2))
+        output.append(call)
         generated = text.count_text(args)
     else:
         want = reply_tokens if limit is None else min(limit, reply_tokens)
@@ -261,6 +216,43 @@ def plan(
     response = _response(body, model, status, output, usage)
     response["incomplete_details"] = incomplete
     return Plan(response, prompt, min(cached, prompt), generated + reasoning)
+
+
+def _call(tool: response_tools.Offered, words: list[str]) -> tuple[dict[str, Any], str]:
+    """The call item for `tool` and its generated text. Its `call_id` depends only on the
+    request (the same conversation gets the same id), so a recorded conversation replays."""
+    digest = hashlib.sha256(f"{tool.namespace}:{tool.name}:{' '.join(words)}".encode())
+    base = {"call_id": f"call_{digest.hexdigest()[:24]}", "status": "completed"}
+    if tool.kind == "custom":
+        raw = " ".join(words)
+        return {
+            "type": "custom_tool_call",
+            "id": new_id("ctc"),
+            **base,
+            "name": tool.name,
+            "input": raw,
+        }, raw
+    if tool.kind == "tool_search":
+        args = {"query": " ".join(words), "limit": 1}
+        item = {
+            "type": "tool_search_call",
+            "id": new_id("tsc"),
+            **base,
+            "execution": "client",
+            "arguments": args,
+        }
+        return item, " ".join(words)
+    raw = arguments(tool.tool, words)
+    item = {
+        "type": "function_call",
+        "id": new_id("fc"),
+        **base,
+        "name": tool.name,
+        "arguments": raw,
+    }
+    if tool.namespace is not None:
+        item["namespace"] = tool.namespace
+    return item, raw
 
 
 def _message(content: str) -> dict[str, Any]:
@@ -357,6 +349,13 @@ def _item_events(index: int, item: dict[str, Any]) -> Iterator[tuple[dict[str, A
             yield {"type": "response.function_call_arguments.delta", **at, "delta": piece}, True
         args = {"arguments": item["arguments"]}
         yield {"type": "response.function_call_arguments.done", **at, **args}, False
+    elif kind == "custom_tool_call":
+        yield _added(index, {**item, "input": "", "status": "in_progress"}), False
+        for piece in _pieces(item["input"]):
+            yield {"type": "response.custom_tool_call_input.delta", **at, "delta": piece}, True
+        yield {"type": "response.custom_tool_call_input.done", **at, "input": item["input"]}, False
+    elif kind == "tool_search_call":
+        yield _added(index, {**item, "status": "in_progress"}), True
     elif kind == "reasoning":
         yield _added(index, {**item, "summary": []}), False
         summary = item["summary"][0]

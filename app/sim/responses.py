@@ -18,6 +18,7 @@ and key checks are the simulator's own (`server.Sim`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -79,8 +80,10 @@ class ResponsesSim:
     # -- POST /v1/responses -----------------------------------------------------------------
     async def create(self, request: Request) -> Response:
         sim = self.sim
-        body = _json(await request.body())
+        raw = await request.body()
+        body = _json(raw)
         rec = sim._record(request, body)
+        rec["raw_sha256"] = hashlib.sha256(raw).hexdigest()
         sim.inflight += 1
         sim.peak_inflight = max(sim.peak_inflight, sim.inflight)
         handed_off = False
@@ -242,12 +245,16 @@ class ResponsesSim:
         try:
             if not isinstance(body, dict) or body.get("type") != "response.create":
                 raise shapes.bad("send 'response.create' events")
+            warm = body.get("generate") is False
             body = {k: v for k, v in body.items() if k not in ("type", "generate", "stream")}
             model = sim._model(body)
             plan, stored = self._plan(body, model, local)
-            limit = body.get("max_output_tokens") or sim.knobs.reply_tokens
-            sim._quota(plan.prompt + limit)
-            sim.quota.spend(plan.prompt + plan.output_tokens)
+            if warm:  # a warm-up: an id for its input, nothing generated, nothing billed
+                _warm_up(plan, stored)
+            else:
+                limit = body.get("max_output_tokens") or sim.knobs.reply_tokens
+                sim._quota(plan.prompt + limit)
+                sim.quota.spend(plan.prompt + plan.output_tokens)
         except SimError as err:
             rec["status"] = err.status
             sim._count(err.status)
@@ -356,3 +363,18 @@ def _json_response(obj: Any) -> Response:
 
 def _with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [item if "id" in item else {"id": shapes.new_id("msg"), **item} for item in items]
+
+
+def _warm_up(plan: shapes.Plan, stored: Stored) -> None:
+    """`generate: false` (Codex's first frame on a socket): the response is empty."""
+    output = plan.response["output"]
+    if output:
+        stored.context = stored.context[: -len(output)]
+    plan.response["output"] = []
+    plan.response["usage"] = {
+        "input_tokens": 0,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 0,
+    }

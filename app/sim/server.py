@@ -17,11 +17,13 @@ The `/_sim/*` control routes have no auth: bind the simulator to loopback.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, fields
+from fnmatch import fnmatchcase
 from typing import Any
 
 import orjson
@@ -100,6 +102,27 @@ class Sim:
         if self.knobs.api_key is not None and presented != self.knobs.api_key:
             raise SimError(
                 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            )
+
+    def _betas(self, request: Request) -> None:
+        """A strict upstream (`betas` set): an `anthropic-beta` value it does not know is a
+        400 naming it, in the words Anthropic's API uses."""
+        known = self.knobs.betas
+        sent = request.headers.get("anthropic-beta")
+        if known is None or not sent:
+            return
+        unknown = [
+            v
+            for v in (p.strip() for p in sent.split(","))
+            if v and not any(fnmatchcase(v, k) for k in known)
+        ]
+        if unknown:
+            listed = ", ".join(f"`{v}`" for v in unknown)
+            raise SimError(
+                400,
+                f"Unexpected value(s) {listed} for the `anthropic-beta` header. Please consult "
+                "our documentation at docs.anthropic.com or try again without the header.",
+                "invalid_request_error",
             )
 
     def _model(self, body: dict[str, Any]) -> str:
@@ -189,7 +212,9 @@ class Sim:
             body: Any = orjson.loads(raw)
         except orjson.JSONDecodeError:
             body = None
-        return body, self._record(request, body)
+        rec = self._record(request, body)
+        rec["raw_sha256"] = hashlib.sha256(raw).hexdigest()  # to compare bytes, not values
+        return body, rec
 
     async def handle(self, request: Request) -> Response:
         anthropic = request.url.path == MESSAGES
@@ -199,6 +224,7 @@ class Sim:
         handed_off = False
         try:
             self._auth(request, anthropic)
+            self._betas(request)
             if not isinstance(body, dict):
                 raise SimError(
                     400,
@@ -252,6 +278,7 @@ class Sim:
         body, rec = await self._received(request)
         try:
             self._auth(request, anthropic=True)
+            self._betas(request)
             if not isinstance(body, dict):
                 raise SimError(400, "We could not parse the JSON body.", "invalid_request_error")
             self._model(body)

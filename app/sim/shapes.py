@@ -19,7 +19,7 @@ from app.sim import prompts, text
 from app.sim.cache import CacheUse, PromptCache
 from app.sim.errors import SimError
 from app.sim.knobs import SimKnobs
-from app.sim.messages import message_body, message_events, sse
+from app.sim.messages import bad_signature, message_body, message_events, sse
 from app.sim.tools import ToolCall, choose, split_json, tool_call_tokens
 
 _VALID = "invalid_request_error"
@@ -250,6 +250,8 @@ def build(
         )
         if kind == "messages" and limit is None:
             raise bad("max_tokens: Field required")
+        if kind == "messages" and (problem := bad_signature(body["messages"])) is not None:
+            raise bad(problem)
     elif kind == "completions":
         if "prompt" not in body:
             raise bad("'prompt' is required")

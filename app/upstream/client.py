@@ -11,8 +11,9 @@ Library exceptions never leave a transport: they become `AttemptFailed` with a r
 refuses to send) and whether the upstream may have acted on the request (`ambiguous`).
 Upstream credentials are added in exactly one place, `upstream_headers`: the domain's
 key is the only credential sent, and no client header is forwarded except a short
-allowlist. Repeated response headers reach the caller joined with ", ", whatever the
-client.
+allowlist, whose comma-list values go as the domain's policy says (`betas.py`: a 400
+refusing a named beta is sent again once without it, inside `send`). Repeated response
+headers reach the caller joined with ", ", whatever the client.
 
 Proxies: `make_transport` reads HTTPS_PROXY / HTTP_PROXY / NO_PROXY once
 (`proxyenv.py`) and logs, per upstream, whether it is reached directly or through
@@ -27,21 +28,26 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
+from app.upstream.betas import HeaderPolicies
 from app.upstream.cause import of_exception
 from app.upstream.proxyenv import Proxies, ProxyRoute
+from app.upstream.responses_chat import to_chat
+from app.upstream.responses_chat_stream import ChatAnswer
 from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport, UpstreamResponse, joined, refused
 
 log = logging.getLogger("tokengate.upstream")
 
 USER_AGENT = "tokengate/0.1"
+RESPONSES, CHAT = "/v1/responses", "/v1/chat/completions"
 # Client headers that carry API semantics the upstream needs; nothing else is forwarded.
 FORWARDED = frozenset({b"anthropic-version", b"anthropic-beta", b"openai-beta"})
 
@@ -71,17 +77,28 @@ def upstream_headers(domain: DomainSpec, *, anthropic: bool = False) -> dict[str
     return headers
 
 
+# Told of each value an upstream refused and that was sent again without: (domain, header).
+OnRefused = Callable[[str, str], None]
+
+
 class UpstreamClient:
     """One pooled client per domain."""
 
-    def __init__(self, domain: DomainSpec, transport: Transport) -> None:
+    def __init__(
+        self, domain: DomainSpec, transport: Transport, on_refused: OnRefused | None = None
+    ) -> None:
         self.domain = domain
         self.transport = transport
+        self.on_refused = on_refused
+        self.policies = HeaderPolicies(domain.headers)
         self._headers = upstream_headers(domain)
         self._anthropic = upstream_headers(domain, anthropic=True)
 
     def rekey(self, domain: DomainSpec) -> None:
-        """Use a rotated upstream key from the next request on (SIGHUP reload)."""
+        """Use a rotated upstream key from the next request on (SIGHUP reload), and the
+        domain's header policy if it changed."""
+        if domain.headers != self.domain.headers:
+            self.policies.reconfigure(domain.headers)
         self.domain = domain
         self._headers = upstream_headers(domain)
         self._anthropic = upstream_headers(domain, anthropic=True)
@@ -96,6 +113,8 @@ class UpstreamClient:
         method: str = "POST",
         client_headers: Mapping[str, str] | None = None,
     ) -> UpstreamResponse:
+        if path == RESPONSES and self.domain.responses == "chat" and body is not None:
+            return await self._on_chat(body, stream, request_id, client_headers)
         # /v1/messages and its /count_tokens: Anthropic's credential header
         base = self._anthropic if path.startswith("/v1/messages") else self._headers
         headers = {**base, "x-request-id": request_id}
@@ -104,13 +123,87 @@ class UpstreamClient:
             headers.update(
                 (k, v) for k, v in client_headers.items() if k not in ("x-api-key", "authorization")
             )
+            self.policies.outgoing(headers)
         if body is None:
             headers.pop("content-type")
         url = self.domain.api_base + path
+        resp = await self.transport.request(method, url, headers, body, stream=stream)
+        if resp.status != 400 or not client_headers:
+            return resp
+        return await self._refused(resp, method, url, headers, body, stream)
+
+    async def _on_chat(
+        self,
+        body: bytes,
+        stream: bool,
+        request_id: str,
+        client_headers: Mapping[str, str] | None,
+    ) -> UpstreamResponse:
+        """A Responses request to an upstream that speaks only chat completions: sent as
+        one, answered as the Responses API would (`responses_chat.py`)."""
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise AttemptFailed(Reason.BAD_REQUEST, retryable=False, detail="not JSON") from None
+        chat, tools = to_chat(request)
+        resp = await self.send(
+            CHAT,
+            orjson.dumps(chat),
+            stream=stream,
+            request_id=request_id,
+            client_headers=client_headers,
+        )
+        return ChatAnswer(resp, request, tools)
+
+    async def _refused(
+        self,
+        resp: UpstreamResponse,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        stream: bool,
+    ) -> UpstreamResponse:
+        """A 400 that names header values sent (a beta the upstream does not know): sent
+        again once without them. Any other 400 is returned as it came (read already)."""
+        data = await resp.read()
+        refused = self.policies.refused(headers, data)
+        if not refused:
+            return Answered(resp.status, resp.headers, data)
+        self.policies.learn(refused)
+        for name, values in refused.items():
+            log.warning(
+                "domain %s refused %s value(s) %s: sent again without them, and dropped from "
+                "its later requests until a reload",
+                self.domain.name,
+                name,
+                ", ".join(values),
+            )
+            if self.on_refused is not None:
+                self.on_refused(self.domain.name, name)
+        self.policies.without(headers, refused)
         return await self.transport.request(method, url, headers, body, stream=stream)
 
     async def close(self) -> None:
         await self.transport.close()
+
+
+class Answered:
+    """An answer whose body was read already (to look into a 400), handed on as one."""
+
+    complete = True
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        self.status, self.headers, self._body = status, headers, body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def close(self) -> None:
+        return None
 
 
 # -- httpx: the seam unit tests inject ------------------------------------------------

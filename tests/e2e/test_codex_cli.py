@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from app.sim import response_shapes, text
@@ -162,3 +163,43 @@ def test_codex_exec_completes_a_turn_through_the_gateway(
     else:
         assert endpoints == ["responses", "responses"]
         assert counter(metrics, "tokengate_responses_websocket_upgrades_total") == 0
+
+
+@pytest.mark.parametrize("websockets", [False, True], ids=["http-sse", "websocket"])
+def test_codex_exec_completes_a_turn_on_a_chat_only_upstream(
+    codex: Path,
+    make_sim: Callable[..., Sim],
+    make_gateway: Make,
+    tmp_path: Path,
+    websockets: bool,
+) -> None:
+    """`responses = "chat"`: Codex's Responses requests (function and namespace tools)
+    are translated onto chat completions, and its turn completes as against OpenAI."""
+    sim = make_sim("--models", MODEL)
+    up = {"domain": "up", "api_base": sim.url, "api_key_env": "TAOTOKEN_API_KEY"}
+    gw = make_gateway(
+        GatewaySpec(
+            toml={"scale_up": [{**up, "responses": "chat"}]},
+            settings={"model_route": {"default": MODEL, "fallback": None}},
+        )
+    )
+    done = run_codex(codex, gw, tmp_path / "home", websockets)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sim.records("/v1/responses") == []
+    first, second = (r["body"] for r in sim.records("/v1/chat/completions"))
+    names = [t["function"]["name"] for t in first["tools"]]
+    assert "exec_command" in names
+    assert any(n.startswith("multi_agent_v1__") for n in names)  # a namespace, flattened
+    (call,) = [m for m in second["messages"] if m.get("tool_calls")][-1]["tool_calls"]
+    (result,) = [m for m in second["messages"] if m.get("tool_call_id") == call["id"]]
+    assert "exited with code" in result["content"]  # Codex ran the call and sent its output back
+    # the sim's answer to that request (deterministic) is what Codex printed
+    again = {k: v for k, v in second.items() if k not in ("stream", "stream_options")}
+    reply = httpx.post(
+        f"{sim.url}/v1/chat/completions",
+        json=again,
+        headers={"authorization": f"Bearer {sim.api_key}"},
+        timeout=30,
+    ).json()["choices"][0]["message"]["content"]
+    assert reply in done.stdout
+    assert counter(gw.metrics(), "tokengate_requests_total", status="200") == 2

@@ -193,6 +193,7 @@ function render(s) {
   renderDomains(s.status.domains);
   renderCharts(s.series);
   renderKeys(s.keys);
+  renderSessions(s.sessions || []);
   renderErrors(s.errors);
   renderReplicas(s.replicas);
 }
@@ -323,6 +324,13 @@ function renderKeys(keys) {
     return row;
   });
   fill(document.querySelector("#keys tbody"), rows, "no gateway key configured", budgets ? 7 : 6);
+}
+
+function renderSessions(sessions) {
+  const rows = sessions.map((x) =>
+    el("tr", {}, cell(x.session, "name"), cell(x.key), cell(num(x.requests, 0)), cell(num(x.tokens)),
+      cell(x.cost + " " + x.currency), cell(ago(x.last_seen_sec), "muted")));
+  fill(document.querySelector("#sessions tbody"), rows, "no agent session today", 6);
 }
 
 function renderErrors(errors) {

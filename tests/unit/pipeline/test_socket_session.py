@@ -3,6 +3,7 @@ upstream, refusals as error events (the pipeline in-process, the upstream a Mock
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from itertools import count
@@ -11,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.errors import AuthenticationFailed
+from app.errors import AuthenticationFailed, RateLimited
 from app.gateway import Gateway
 from app.pipeline.socket_session import SocketSession
 from app.runtime import KeySpec
@@ -187,3 +188,73 @@ async def test_warm_ups_are_bounded_charged_and_re_authorised(
     (refused,) = await ws.say(create(type="response.processed"))  # any kind of message
     assert refused["status"] == 401 and ws.open is False
     assert ws.bodies == []
+
+
+async def test_a_429_of_the_key_is_waited_out_within_the_queue_wait(
+    connect: Callable[..., Any],
+) -> None:
+    ws = await connect()
+    real = ws.session.service.create
+    refusals = iter([RateLimited("slow down", retry_after=0.05)])
+
+    async def limited_once(call: Any) -> Any:
+        refusal = next(refusals, None)
+        if refusal is not None:
+            raise refusal
+        return await real(call)
+
+    ws.session.service.create = limited_once  # type: ignore[method-assign]
+    ws.session.max_wait = 30.0
+    frames = await ws.say(create(input="y"))
+    assert frames[-1]["type"] == "response.completed"
+    assert not any(f["type"] == "error" for f in frames) and len(ws.bodies) == 1
+    # past the queue wait, the 429 is the client's to see
+    refusals = iter([RateLimited("slow down", retry_after=60)])
+    (frame,) = await ws.say(create(input="z"))
+    assert frame["status"] == 429
+
+
+@pytest.fixture
+def stalled(make_local_gateway: MakeGateway) -> Callable[..., Any]:
+    """A socket whose upstream starts a response and then sends nothing more (or, with
+    `end=True`, ends the stream without a terminal event)."""
+
+    async def build(end: bool) -> Socket:
+        async def events() -> Any:
+            created = {"type": "response.created", "response": {"id": "resp_1", "model": "m-1"}}
+            yield f"event: response.created\ndata: {json.dumps(created)}\n\n".encode()
+            if not end:
+                await asyncio.Event().wait()
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(
+                200, content=events(), headers={"content-type": "text/event-stream"}
+            )
+
+        gw = make_local_gateway(SETTINGS, handler=handler)
+        await gw.start()
+        return Socket(gw, KeySpec("k", (), 100_000, 100), [], 4)
+
+    return build
+
+
+async def test_a_stream_that_ends_early_still_ends_the_turn_with_a_terminal_event(
+    stalled: Callable[..., Any],
+) -> None:
+    ws = await stalled(end=True)
+    frames = await ws.say(create(input="x"))
+    assert frames[0]["type"] == "response.created"
+    assert frames[-1]["type"] == "response.failed"
+
+
+async def test_a_turn_cancelled_mid_stream_ends_with_response_failed(
+    stalled: Callable[..., Any],
+) -> None:
+    ws = await stalled(end=False)
+    turn = asyncio.ensure_future(ws.say(create(input="x")))
+    while not ws.frames:  # noqa: ASYNC110 (the response has started)
+        await asyncio.sleep(0.01)
+    turn.cancel()  # what a drain past its grace, or a closing connection, does
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    assert [f["type"] for f in ws.frames] == ["response.created", "response.failed"]

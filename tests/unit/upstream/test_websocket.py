@@ -12,7 +12,7 @@ from pydantic import SecretStr
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
-from app.upstream.websocket import Turn, UpstreamSockets, incremental
+from app.upstream.websocket import SocketDialer, Turn, UpstreamSockets, incremental
 
 SYSTEM = {"role": "developer", "content": "be brief"}
 USER = {"role": "user", "content": "hi"}
@@ -131,3 +131,35 @@ async def test_an_upstream_without_the_mode_is_left_to_http() -> None:
     sockets = UpstreamSockets(FakeDialer())  # type: ignore[arg-type]
     assert await sockets.send(SPEC, json.dumps(body(USER)).encode()) is None
     assert await sockets.send(SPEC, json.dumps(body(USER)).encode()) is None  # remembered
+
+
+@pytest.mark.parametrize(
+    ("env", "proxied"),
+    [
+        ({"HTTP_PROXY": "http://u:p@proxy.local:3128"}, "http://proxy.local:3128"),
+        ({"HTTP_PROXY": "http://proxy.local:3128", "NO_PROXY": "up"}, None),
+        ({"HTTPS_PROXY": "http://proxy.local:3128"}, None),  # an http:// upstream
+        ({}, None),
+    ],
+    ids=["http-proxy", "no-proxy", "other-scheme", "none"],
+)
+async def test_upstream_socket_dials_honour_the_proxy_environment(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], proxied: str | None
+) -> None:
+    seen: dict[str, Any] = {}
+
+    async def ws_connect(self: Any, url: str, **kwargs: Any) -> Any:
+        seen.update(kwargs, url=url)
+        return object()
+
+    import aiohttp
+
+    monkeypatch.setattr(aiohttp.ClientSession, "ws_connect", ws_connect)
+    dialer = SocketDialer(1.0, 1.0, env)
+    try:
+        await dialer.open(SPEC)
+    finally:
+        await dialer.close()
+    assert seen["url"] == "ws://up/v1/responses" and seen["proxy"] == proxied
+    if proxied:  # the proxy's credential goes to the proxy, not in the URL
+        assert seen["proxy_headers"]["proxy-authorization"].startswith("Basic ")

@@ -1,6 +1,6 @@
 """Stored responses' owners: which key created each response id, and which domain holds it.
 
-Revision ID: 0004_response_owners
+Revision ID: 0004
 Revises: 0003
 Create Date: issue 31
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_response_owners"
+revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
