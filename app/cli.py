@@ -83,7 +83,7 @@ def _add_usage(usage: argparse.ArgumentParser) -> None:
         "--since", default="7d", help="start: 7d, 24h, 90m, 2w, or an ISO date/instant (7d)"
     )
     usage.add_argument("--until", help="end (exclusive), same forms; default now")
-    usage.add_argument("--by", default="key", help="key, team, model, domain, or a,b (key)")
+    usage.add_argument("--by", default="key", help="key, team, model, domain, window, or a,b (key)")
     usage.add_argument("--granularity", choices=["hour", "day"], help="one row per period")
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
     usage.add_argument(

@@ -39,7 +39,7 @@ async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
 AdminDep = Annotated[Gateway, Depends(_admin)]
 
 
-GROUPS = ("key", "team", "model", "domain")
+GROUPS = ("key", "team", "model", "domain", "window")
 
 
 @router.get("/usage", response_model=None)
@@ -52,10 +52,11 @@ async def usage(
     granularity: Annotated[Literal["hour", "day"] | None, Query()] = None,
 ) -> Any:
     """The ledger, priced: per key and model (default), or grouped by any of key, team,
-    model, domain (`group_by=team,model`), per local hour or day of `billing.timezone`
-    (`granularity`); `from` (inclusive) and `to` (exclusive) are ISO 8601 instants (UTC if
-    no zone) or epoch seconds. CSV with `Accept: text/csv`. The default answer keeps its
-    first shape (`object`, `data`); asked for groups or periods it adds `totals`."""
+    model, domain, window (`group_by=team,model`; `window`: the billing window), per
+    local hour or day of `billing.timezone` (`granularity`); `from` (inclusive) and `to`
+    (exclusive) are ISO 8601 instants (UTC if no zone) or epoch seconds. CSV with
+    `Accept: text/csv`. The default answer keeps its first shape (`object`, `data`);
+    asked for groups or periods it adds `totals`."""
     groups = _groups(group_by)
     query = UsageQuery(
         start=parse_instant(start, "from", gateway.calendar),

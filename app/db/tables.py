@@ -1,6 +1,7 @@
 """Every table of the durable store, in one place (the migrations create the same).
 
-    usage_minute   the ledger: one row per (minute, key, model, domain, status, team), counters
+    usage_minute   the ledger: one row per (minute, key, model, domain, status, team, window),
+                   counters
     usage_hour     the same, rolled up once minutes pass `ledger.minute_retention_days`
     budget_spend   spend per (scope, owner, period id): cost and tokens, added in the same
                    transaction as the ledger rows they come from (budgets read it)
@@ -46,9 +47,10 @@ Id = BigInteger().with_variant(Integer(), "sqlite")
 
 # The ledger's shape. The flush, the roll-up and the reports read these tuples, so a new
 # counter needs a migration and one name here. `team` is the key's team when the request
-# was made ("-": none); `cost_nanos` is in nano-units of `billing.currency`, and counts
+# was made ("-": none); `window` the billing window it was priced in ("-": none);
+# `cost_nanos` is in nano-units of `billing.currency`, and counts
 # only priced requests: `unpriced_requests` says how many had no price (cost unknown).
-DIMENSIONS = ("key", "model", "domain", "status", "team")
+DIMENSIONS = ("key", "model", "domain", "status", "team", "window")
 COUNTERS = (
     "requests",
     "errors",
@@ -75,6 +77,7 @@ def _usage(name: str) -> Table:
         Column("domain", String(128), nullable=False),
         Column("status", Integer, nullable=False),
         Column("team", String(128), nullable=False, server_default="-"),
+        Column("window", String(32), nullable=False, server_default="-"),
         *(Column(c, BigInteger, nullable=False, server_default="0") for c in COUNTERS),
         Index(f"uq_{name}_dims", "bucket", *DIMENSIONS, unique=True),
     )

@@ -30,6 +30,7 @@ from functools import partial
 from itertools import chain
 
 from app.billing.prices import PriceList, Tokens, render
+from app.billing.timetable import NO_WINDOW, Timetable
 from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
@@ -75,8 +76,10 @@ class Pipeline:
         spawn: Spawn,
         clock: Callable[[], float] = time.perf_counter,
         tracer: Tracer | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.domains = domains
+        self.wall_clock = wall_clock  # billing windows are read on it
         self.admission = admission
         self.metrics = metrics
         self.spawn = spawn
@@ -106,6 +109,7 @@ class Pipeline:
         self.sessions.load_factor = runtime.settings.affinity.load_factor
         billing = runtime.settings.billing
         self.prices = PriceList(billing.prices, billing.currency)
+        self.timetable = Timetable(billing.windows, billing.timezone)
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
@@ -181,7 +185,12 @@ class Pipeline:
         """What the request may cost (nano-units): the prompt estimate at the input price,
         the rest of its token reservation at the output price; None: no price."""
         prompt = min(call.prompt_tokens, tokens)
-        return self.prices.cost(Tokens(prompt, tokens - prompt), model)
+        return self.prices.cost(Tokens(prompt, tokens - prompt), model, window=self._window())
+
+    def _window(self) -> str:
+        """The billing window in force now (`-`: none, or no windows configured)."""
+        timetable = self.timetable
+        return timetable.name_at(self.wall_clock()) if timetable else NO_WINDOW
 
     @staticmethod
     def _abandoned(call: ClientRequest, trace: Trace, status: int) -> tuple[int, int]:
@@ -193,9 +202,12 @@ class Pipeline:
             return call.prompt_tokens, 0
         return 0, 0
 
-    def _priced(self, call: ClientRequest, trace: Trace, failed: tuple[int, int]) -> int | None:
+    def _priced(
+        self, call: ClientRequest, trace: Trace, failed: tuple[int, int], window: str
+    ) -> int | None:
         """The cost of what the request consumed (failed attempts' tokens included), at
-        the price of the model the gateway sent, else the one the upstream named."""
+        the price of the model the gateway sent, else the one the upstream named, in the
+        billing window in force as it finished."""
         tokens = Tokens(
             trace.prompt_tokens + failed[0],
             trace.completion_tokens + failed[1],
@@ -205,7 +217,7 @@ class Pipeline:
         if not (tokens.prompt or tokens.completion):
             return 0  # nothing consumed costs nothing, priced or not
         sent = trace.attempts[-1].model if trace.attempts else None
-        return self.prices.cost(tokens, sent, trace.model)
+        return self.prices.cost(tokens, sent, trace.model, window=window)
 
     def spend_text(self, nanos: int | None) -> str:
         """`x-tokengate-cost`: `0.000123 USD`, or `unknown` for a model without a price."""
@@ -499,6 +511,7 @@ class Pipeline:
                 trace.domain or "-", trace.cached_tokens, trace.cache_write_tokens
             )
         model = trace.model or (trace.attempts[-1].model if trace.attempts else call.model) or "-"
+        window = self._window()
         entry = UsageEntry(
             key=call.key.alias,
             model=model,
@@ -513,7 +526,8 @@ class Pipeline:
             team=call.key.team or "-",
             cache_write_tokens=trace.cache_write_tokens,
             estimated=trace.estimated,
-            cost_nanos=self._priced(call, trace, failed),
+            cost_nanos=self._priced(call, trace, failed, window),
+            window=window,
         )
         self.admission.settle(ticket, entry, dispatched=trace.dispatched)
         self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
@@ -558,6 +572,7 @@ class Pipeline:
             fields["cost"] = None if cost is None else render(cost)
             fields["currency"] = self.prices.currency
             fields["team"] = call_team(usage)
+            fields["window"] = None if usage is None or usage.window == NO_WINDOW else usage.window
             access_log.info("request", extra={"fields": fields})
         if trace.span is not None:
             trace.span.end(trace, status)
