@@ -24,7 +24,7 @@ from app.billing.budgets import Budget, Scope
 from app.billing.prices import to_nanos
 from app.config.errors import ConfigError, Problem
 from app.config.schema import BudgetConfig, KeyConfig, ScaleUpConfig, Settings
-from app.kinds import ApiStyle, Priority
+from app.kinds import ApiStyle, Priority, ServiceTier
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class DomainSpec:
     api_style: ApiStyle = ApiStyle.OPENAI
     responses: bool = True  # serves the Responses API (if api_style speaks OpenAI's)
     responses_websocket: bool = False  # ... and its WebSocket mode
+    service_tiers: frozenset[ServiceTier] = frozenset()  # tiers the upstream serves itself
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class KeySpec:
     max_concurrent: int | None = None  # None: no cap
     team: str | None = None
     budgets: tuple[Budget, ...] = ()
+    service_tiers: frozenset[ServiceTier] | None = None  # allowed; None: all
+    service_tier: ServiceTier | None = None  # forced on every request
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ def _domains(
                 api_style=entry.api_style,
                 responses=entry.responses,
                 responses_websocket=entry.responses_websocket,
+                service_tiers=frozenset(entry.service_tiers),
             )
         )
     return out
@@ -311,4 +315,6 @@ def _key_spec(key: KeyConfig, tpm: int, rpm: int, concurrent: int | None = None)
         expires_at=expires,
         reserve_output=key.reserve_output,
         max_concurrent=key.max_concurrent or concurrent,
+        service_tiers=None if key.service_tiers is None else frozenset(key.service_tiers),
+        service_tier=key.service_tier,
     )

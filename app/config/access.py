@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 
 from app.config.billing import BudgetConfig
 from app.config.section import DomainName, PositiveInt, ReserveOutput, Section, TeamName
-from app.kinds import Priority
+from app.kinds import Priority, ServiceTier
 
 
 class ModelRouteConfig(Section):
@@ -174,6 +174,16 @@ class KeyConfig(Section):
         default_factory=list,
         description="This key's budgets (`period` and `max_cost` and/or `max_tokens`); past one "
         "the key gets 429 `budget_exceeded` until the period resets.",
+    )
+    service_tiers: list[ServiceTier] | None = Field(
+        None,
+        description="The `service_tier` values this key may ask for; another gets 403 "
+        "`service_tier_not_allowed`. Unset: all of `auto`, `default`, `flex`, `priority`.",
+    )
+    service_tier: ServiceTier | None = Field(
+        None,
+        description="Force this tier on every request of the key, whatever it asks for "
+        '(`"flex"`: a key for background work that only ever uses spare capacity).',
     )
 
     @field_validator("key_sha256")

@@ -65,18 +65,16 @@ def _minutes(clock: str) -> int:
     return int(hours) * 60 + int(minutes)
 
 
-class WindowPriceConfig(Section):
-    """A model's price in one window: only what differs from its base price."""
+class PriceChange(Section):
+    """A model's price in one window or service tier: only what differs from its own."""
 
-    input: Money | None = Field(None, description="Price of a million prompt tokens in the window.")
-    output: Money | None = Field(
-        None, description="Price of a million completion tokens in the window."
-    )
+    input: Money | None = Field(None, description="Price of a million prompt tokens there.")
+    output: Money | None = Field(None, description="Price of a million completion tokens there.")
     cached_input: Money | None = Field(
-        None, description="Price of a million cached prompt tokens in the window."
+        None, description="Price of a million cached prompt tokens there."
     )
     cache_write: Money | None = Field(
-        None, description="Price of a million prompt tokens written to the cache in the window."
+        None, description="Price of a million prompt tokens written to the cache there."
     )
 
 
@@ -93,19 +91,28 @@ class PriceConfig(Section):
         description="Price of a million prompt tokens written to the prompt cache (Anthropic's "
         "cache creation); unset: the `input` price.",
     )
-    windows: dict[WindowName, WindowPriceConfig] = Field(
+    windows: dict[WindowName, PriceChange] = Field(
         default_factory=dict,
         description="Prices in named `billing.windows` that differ from this one: "
         '`{"offpeak": {"input": 0.135, "output": 0.55}}`. What a window leaves out is as the '
         "model sets it (`cached_input`/`cache_write` set nowhere: the window's `input`).",
     )
 
-    def in_window(self, name: str) -> PriceConfig:
-        """The price in window `name`: the window's fields over the model's own."""
-        over = self.windows.get(name)
-        if over is None:
-            return self
-        return self.model_copy(update=over.model_dump(exclude_none=True) | {"windows": {}})
+    tiers: dict[WindowName, PriceChange] = Field(
+        default_factory=dict,
+        description="Prices per service tier the upstream reports it served (the answer's "
+        '`service_tier`) that differ from this one: `{"flex": {"input": 1.25, "output": 5}, '
+        '"priority": {"input": 4.25, "output": 17}}`. A tier\'s fields win over a window\'s.',
+    )
+
+    def priced(self, window: str | None = None, tier: str | None = None) -> PriceConfig:
+        """The price in `window` for `tier`: the model's fields, then the window's, then
+        the tier's (a field set nowhere keeps the model's)."""
+        fields: dict[str, object] = {"windows": {}, "tiers": {}}
+        for change in (self.windows.get(window or ""), self.tiers.get(tier or "")):
+            if change is not None:
+                fields |= change.model_dump(exclude_none=True)
+        return self.model_copy(update=fields)
 
 
 class BillingConfig(Section):

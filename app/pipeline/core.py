@@ -48,6 +48,7 @@ from app.pipeline.failure import client_error
 from app.pipeline.holds import KeyHolds
 from app.pipeline.plan import Planner
 from app.pipeline.request import ClientRequest
+from app.pipeline.tiers import ServiceTiers
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
 from app.status.recent import Failure
@@ -88,6 +89,7 @@ class Pipeline:
         self.holds = KeyHolds(admission, metrics, spawn)
         self.sessions = SessionTable()
         self.planner = Planner(domains)
+        self.tiers = ServiceTiers()
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -110,6 +112,8 @@ class Pipeline:
         billing = runtime.settings.billing
         self.prices = PriceList(billing.prices, billing.currency)
         self.timetable = Timetable(billing.windows, billing.timezone)
+        sched = runtime.settings.token_scheduler
+        self.tiers.configure(sched.max_queue_wait_ms, sched.flex_max_queue_wait_ms)
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
@@ -217,7 +221,7 @@ class Pipeline:
         if not (tokens.prompt or tokens.completion):
             return 0  # nothing consumed costs nothing, priced or not
         sent = trace.attempts[-1].model if trace.attempts else None
-        return self.prices.cost(tokens, sent, trace.model, window=window)
+        return self.prices.cost(tokens, sent, trace.model, window=window, tier=trace.service_tier)
 
     def spend_text(self, nanos: int | None) -> str:
         """`x-tokengate-cost`: `0.000123 USD`, or `unknown` for a model without a price."""
@@ -250,7 +254,7 @@ class Pipeline:
                 except ServiceUnavailable as exc:
                     last = exc
                     congested.add(domain.name)
-        raise self._final_error(last, trace)
+        raise self.tiers.refusal(call, self._final_error(last, trace))
 
     def _order(self, call: ClientRequest, candidates: list[Domain]) -> list[Domain]:
         """Best first: the conversation's domain (affinity), else the least wait."""
@@ -266,15 +270,17 @@ class Pipeline:
     ) -> tuple[Reply, Slot]:
         trace.domain = domain.name  # the domain that answers, or the last one that refused
         queued = self.clock()
+        waited = trace.queue_ms / 1000  # the key's line, earlier domains' queues: one budget
+        queue_class, serves_tier = call.queue_class, True
+        if call.service_tier is not None:
+            queue_class, serves_tier, extra = self.tiers.place(call, domain.spec)
+            waited -= extra  # a flex request may wait longer than max_queue_wait_ms
         wait = domain.dispatcher.acquire(
-            call.key.alias,
-            call.queue_class,
-            call.cost(self.default_max_tokens),
-            trace.queue_ms / 1000,  # the key's line, earlier domains' queues: one budget
+            call.key.alias, queue_class, call.cost(self.default_max_tokens), waited
         )
         slot = await (wait if trace.span is None else _traced(trace.span, domain, wait))
         trace.queue_ms += (self.clock() - queued) * 1000
-        body = call.body_for(model)
+        body = call.body_for(model, serves_tier)
         domain.budget.record_request()
         while True:
             try:
@@ -461,6 +467,7 @@ class Pipeline:
         trace.model = usage.model or trace.attempts[-1].model
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
         trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
+        trace.service_tier = usage.tier
         if call.endpoint.responses:
             self._responses_answer(call, trace, usage, domain)
         elif not usage.reported:  # a 200 without usage: count what it delivered
