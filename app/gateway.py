@@ -30,6 +30,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from app import tracing
+from app.audit import AuditTrail
 from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
@@ -41,6 +42,7 @@ from app.db import migrate
 from app.db.budgets import BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
+from app.db.trail import AuditBook
 from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
@@ -69,6 +71,7 @@ from app.upstream.websocket import SocketDialer
 log = logging.getLogger("tokengate.gateway")
 SETTLE_WAIT_SEC = 2.0  # longest /admin/usage waits for settles still running
 LEDGER_MAINTENANCE_TICKS = 60  # housekeeping ticks (seconds) between ledger roll-ups
+AUDIT_TICKS = 5  # ... between audit upkeeps (expired keys, retention, the recent changes)
 TransportFactory = Callable[[DomainSpec], Transport]
 
 
@@ -129,6 +132,7 @@ class Gateway:
             self.ledger,
             self.calendar,
         )
+        self.audit = AuditTrail(AuditBook(self.db), self.replica_id)
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
         self.batch_store = BatchStore(self.db)
@@ -303,6 +307,7 @@ class Gateway:
         timeouts of open pools...) is named as needing a restart and left out.
         """
         notes = describe_reload(self.runtime, new)
+        self.spawn(self.audit.reloaded(self.runtime, new))
         old = {d.name: d for d in self.domains}
         new_specs = {d.name: d for d in new.domains}
         for name in sorted(set(old) ^ set(new_specs)):
@@ -500,6 +505,8 @@ class Gateway:
             ticks += 1
             if ticks % LEDGER_MAINTENANCE_TICKS == 0:
                 await self._maintain_ledger()
+            if ticks % AUDIT_TICKS == 1:
+                await self.audit.housekeeping(self.runtime)
 
     async def _maintain_ledger(self) -> None:
         try:

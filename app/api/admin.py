@@ -21,6 +21,7 @@ from app.gateway import Gateway
 from app.runtime import KeySpec
 
 router = APIRouter(prefix="/admin")
+ADMIN_NAME = "admin"  # the name of the `TOKENGATE_ADMIN_KEY` credential in the audit trail
 
 
 async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
@@ -33,7 +34,14 @@ async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
         presented.strip().encode(), key.get_secret_value().encode()
     ):
         raise AuthenticationFailed("admin key required: `Authorization: Bearer <admin key>`")
+    request.state.admin_name = ADMIN_NAME
     return gateway
+
+
+def admin_name(request: Request) -> str:
+    """Who made a change through the admin API (the audit trail's `actor`): the name the
+    admin credential check left on the request."""
+    return str(getattr(request.state, "admin_name", ADMIN_NAME))
 
 
 AdminDep = Annotated[Gateway, Depends(_admin)]
@@ -168,9 +176,21 @@ def _database_down() -> ServiceUnavailable:
     )
 
 
+def _limits_now(gateway: Gateway, key: KeySpec) -> dict[str, object]:
+    limits = gateway.admission.limits_for(key)
+    return {
+        "requests_per_minute": limits.requests_per_minute,
+        "tokens_per_minute": limits.tokens_per_minute,
+        "max_concurrent": gateway.pipeline.holds.gate.cap(key.alias, key.max_concurrent),
+    }
+
+
 @router.put("/keys/{alias}/limits")
-async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dict[str, object]:
+async def set_limits(
+    alias: str, change: LimitsChange, gateway: AdminDep, request: Request
+) -> dict[str, object]:
     key = _key(gateway, alias)
+    before = _limits_now(gateway, key)
     try:
         limits = await gateway.live.set_key_limits(
             key, change.requests_per_minute, change.tokens_per_minute
@@ -179,26 +199,31 @@ async def set_limits(alias: str, change: LimitsChange, gateway: AdminDep) -> dic
         raise _database_down() from None
     if change.max_concurrent is not None:
         await gateway.live.set_key_concurrency(key, change.max_concurrent)
-    return {
-        "alias": alias,
+    after = {
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
         "max_concurrent": gateway.pipeline.holds.gate.cap(alias, key.max_concurrent),
     }
+    entry = ("key_limits.set", f"key:{alias}", before, after)
+    await gateway.audit.record(admin_name(request), [entry])
+    return {"alias": alias, **after}
 
 
 @router.delete("/keys/{alias}/limits")
-async def clear_limits(alias: str, gateway: AdminDep) -> dict[str, object]:
+async def clear_limits(alias: str, gateway: AdminDep, request: Request) -> dict[str, object]:
     """Clear a live override: the key's limits are the files' again (on every replica)."""
     key = _key(gateway, alias)
+    before = _limits_now(gateway, key)
     try:
         cleared = await gateway.live.clear_key_limits(key)
     except DatabaseUnavailable:
         raise _database_down() from None
-    return {
-        "alias": alias,
-        "cleared": cleared,
+    after = {
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
         "max_concurrent": key.max_concurrent,
     }
+    if cleared:
+        entry = ("key_limits.cleared", f"key:{alias}", before, after)
+        await gateway.audit.record(admin_name(request), [entry])
+    return {"alias": alias, "cleared": cleared, **after}

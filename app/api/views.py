@@ -57,6 +57,9 @@ def status(gateway: Gateway) -> dict[str, object]:
             "aliases": s.model_aliases,
         },
         "tasks": gateway.background_tasks,
+        "audit": [
+            {**row, "at": gateway.calendar.describe(row["at"])} for row in gateway.audit.recent
+        ],
     }
 
 

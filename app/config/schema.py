@@ -32,12 +32,19 @@ from app.config.cluster import (
 )
 from app.config.section import DomainName, Money, PositiveInt, Section
 from app.config.serving import ResponsesConfig, ServerConfig, TracingConfig, UiConfig
-from app.config.state import BatchConfig, DatabaseConfig, LedgerConfig, RedisConfig
+from app.config.state import (
+    AuditConfig,
+    BatchConfig,
+    DatabaseConfig,
+    LedgerConfig,
+    RedisConfig,
+)
 
 # The sections live in modules by concern; this is the one place everything imports them
 # from, beside the root model.
 __all__ = [
     "AffinityConfig",
+    "AuditConfig",
     "BatchConfig",
     "BillingConfig",
     "BreakerConfig",
@@ -120,6 +127,7 @@ class Settings(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)

@@ -183,6 +183,16 @@ class LedgerConfig(Section):
     )
 
 
+class AuditConfig(Section):
+    retention_days: int = Field(
+        365,
+        ge=0,
+        description="Audit rows (every change to limits, budgets, keys, prices and windows "
+        "through the admin API, a reload or a key's expiry) older than this are deleted; 0 "
+        "keeps them forever.",
+    )
+
+
 class BatchConfig(Section):
     path: str | None = Field(
         None,

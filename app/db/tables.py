@@ -12,6 +12,8 @@
     batches        one row per batch: its OpenAI body (JSON), status, lease
     items          one row per input line: pending -> done | failed, with the answer
     key_overrides  live per-key limits set through the admin API
+    audit_log      every change to money and limits (admin API, reload, key expiry): who,
+                   when, what, the value before and after; `once` dedupes across replicas
 
 Times are UTC epoch seconds (`bucket`, `lease_until`, `updated_at`): the same arithmetic in
 both dialects, so a report can bucket by hour or day with `bucket - bucket % 3600`.
@@ -169,4 +171,20 @@ budget_overrides = Table(
     Column("limit_value", BigInteger, nullable=False),
     Column("until", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("at", Double, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("replica", String(64), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(256), nullable=False),
+    Column("old_value", Text, nullable=True),
+    Column("new_value", Text, nullable=True),
+    Column("once", String(256), nullable=True),
+    Index("ix_audit_log_at", "at"),
+    Index("uq_audit_log_once", "once", unique=True),
 )

@@ -180,7 +180,17 @@ function render(s) {
   renderCharts(s.series);
   renderKeys(s.keys);
   renderErrors(s.errors);
+  renderAudit(s.status.audit || []);
   renderReplicas(s.replicas);
+}
+
+function renderAudit(changes) {
+  const shown = (v) => (v === null || v === undefined ? null : JSON.stringify(v));
+  const rows = changes.map((c) =>
+    el("tr", {}, cell(c.at), cell(c.actor), cell(c.action), cell(c.target, "mono"),
+      cell(shown(c.before), "message"), cell(shown(c.after), "message")),
+  );
+  fill(document.querySelector("#audit tbody"), rows, "no change recorded yet", 6);
 }
 
 function renderHeader(s) {

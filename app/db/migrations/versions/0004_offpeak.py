@@ -1,4 +1,4 @@
-"""Off-peak (issue 35): the ledger's billing-window dimension.
+"""Off-peak (issue 35): the ledger's billing-window dimension; the audit trail.
 
 Revision ID: 0004_offpeak
 Revises: 0003
@@ -15,6 +15,7 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
+_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 _OLD_DIMS = ["bucket", "key", "model", "domain", "status", "team"]
 
 
@@ -24,9 +25,25 @@ def upgrade() -> None:
         with op.batch_alter_table(name) as batch:
             batch.add_column(sa.Column("window", sa.String(32), nullable=False, server_default="-"))
         op.create_index(f"uq_{name}_dims", name, [*_OLD_DIMS, "window"], unique=True)
+    op.create_table(
+        "audit_log",
+        sa.Column("id", _ID, primary_key=True, autoincrement=True),
+        sa.Column("at", sa.Double, nullable=False),
+        sa.Column("actor", sa.String(128), nullable=False),
+        sa.Column("replica", sa.String(64), nullable=False),
+        sa.Column("action", sa.String(64), nullable=False),
+        sa.Column("target", sa.String(256), nullable=False),
+        sa.Column("old_value", sa.Text, nullable=True),
+        sa.Column("new_value", sa.Text, nullable=True),
+        sa.Column("once", sa.String(256), nullable=True),
+        sa.PrimaryKeyConstraint("id", name="pk_audit_log"),
+    )
+    op.create_index("ix_audit_log_at", "audit_log", ["at"])
+    op.create_index("uq_audit_log_once", "audit_log", ["once"], unique=True)
 
 
 def downgrade() -> None:
+    op.drop_table("audit_log")
     for name in ("usage_minute", "usage_hour"):
         op.drop_index(f"uq_{name}_dims", table_name=name)
         with op.batch_alter_table(name) as batch:
