@@ -56,6 +56,10 @@ LIVE = (
     "model_aliases",
     "server.max_body_bytes",
     "batch.share",
+    "billing.prices",  # the pipeline's price list and billing windows are rebuilt
+    "billing.windows",
+    "token_scheduler.flex_max_queue_wait_ms",
+    "audit.retention_days",  # read at each audit upkeep
 )
 _PER_DOMAIN = ("api_endpoint", "token_scheduler.api_base")
 
