@@ -30,6 +30,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from app import tracing
+from app.alerts import AlertCenter
 from app.audit import AuditTrail
 from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
@@ -39,6 +40,7 @@ from app.billing.periods import Calendar
 from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.db import migrate
+from app.db.alertbook import AlertBook
 from app.db.budgets import BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
@@ -133,6 +135,10 @@ class Gateway:
             self.calendar,
         )
         self.audit = AuditTrail(AuditBook(self.db), self.replica_id)
+        self.alerts = AlertCenter(
+            AlertBook(self.db), self.spend, self.replica_id, self._unpriced_since
+        )
+        self.alerts.configure(runtime)
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
         self.batch_store = BatchStore(self.db)
@@ -226,6 +232,10 @@ class Gateway:
             models.add(s.model_route.default)
         return models
 
+    def _unpriced_since(self) -> set[str]:
+        seen, self.pipeline.unpriced_seen = self.pipeline.unpriced_seen, set()
+        return seen
+
     # -- lifecycle ---------------------------------------------------------------------
     def _wake_batches(self) -> None:
         self.batch_runner.wake.set()
@@ -251,6 +261,7 @@ class Gateway:
         self._loops.append(asyncio.create_task(self._housekeeping()))
         self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
+        self._loops.append(asyncio.create_task(self.alerts.run()))
         self._sync_gauges()
         self._warn_unpriced()
 
@@ -329,6 +340,7 @@ class Gateway:
         self.keys = KeyIndex(new.keys, enabled=new.auth_enabled, anonymous=_anonymous(new.settings))
         self.pipeline.configure(self.runtime)
         self.spend.configure(self.runtime)
+        self.alerts.configure(self.runtime)
         if new.settings.billing.timezone != self.calendar.timezone:
             notes.append("billing.timezone changed: periods from now on are in the new zone")
             self.calendar = Calendar(new.settings.billing.timezone)
@@ -397,6 +409,7 @@ class Gateway:
         await asyncio.gather(*self._loops, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.batch_runner.release()  # another replica (or a restart) resumes at once
+        await self.alerts.close()
         for domain in self.domains:
             await domain.dispatcher.stop()
         if self._tasks:

@@ -80,6 +80,7 @@ class Runtime:
     source: str = ""
     files: tuple[str, str] | None = None  # (config.toml, settings.json) for reloads
     teams: tuple[TeamSpec, ...] = ()
+    alerts_secret: SecretStr | None = field(default=None, repr=False)  # alerts.secret_env
 
     @property
     def default_model(self) -> str | None:
@@ -113,6 +114,7 @@ def compile_runtime(
                 "or start with --no-auth for a trusted network only",
             )
         )
+    secret = _alerts_secret(settings, environ, problems, source)
     if problems:
         raise ConfigError(problems)
     policy = settings.retry_policy
@@ -133,7 +135,31 @@ def compile_runtime(
         source=source,
         files=files,
         teams=tuple(teams),
+        alerts_secret=secret,
     )
+
+
+def _alerts_secret(
+    settings: Settings, environ: Mapping[str, str], problems: list[Problem], source: str
+) -> SecretStr | None:
+    """The webhooks' signing key: required (non-empty) once a webhook is configured."""
+    alerts = settings.alerts
+    if not alerts.webhooks:
+        return None
+    value = environ.get(alerts.secret_env, "").strip()
+    if not value:
+        problems.append(
+            Problem(
+                source,
+                "alerts.secret_env",
+                f"alert webhooks are configured but ${alerts.secret_env} is empty or unset, "
+                "so their bodies could not be signed",
+                f"export {alerts.secret_env}=<a long random string> (receivers verify "
+                "x-tokengate-signature with it)",
+            )
+        )
+        return None
+    return SecretStr(value)
 
 
 def _entries(settings: Settings) -> list[ScaleUpConfig]:

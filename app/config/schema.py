@@ -22,6 +22,7 @@ from app.config.access import (
     RateLimitConfig,
     RetryPolicyConfig,
 )
+from app.config.alerting import AlertsConfig
 from app.config.billing import BillingConfig, BudgetConfig, PriceConfig, TeamConfig
 from app.config.cluster import (
     ClusterConfig,
@@ -44,6 +45,7 @@ from app.config.state import (
 # from, beside the root model.
 __all__ = [
     "AffinityConfig",
+    "AlertsConfig",
     "AuditConfig",
     "BatchConfig",
     "BillingConfig",
@@ -128,6 +130,7 @@ class Settings(BaseSettings):
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)

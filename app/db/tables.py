@@ -14,6 +14,9 @@
     key_overrides  live per-key limits set through the admin API
     audit_log      every change to money and limits (admin API, reload, key expiry): who,
                    when, what, the value before and after; `once` dedupes across replicas
+    alert_deliveries  one row per spend alert and webhook: its id is the dedupe key (once
+                   per budget, threshold and period across replicas), the signed body, and
+                   the delivery's state, attempts, lease and last outcome
 
 Times are UTC epoch seconds (`bucket`, `lease_until`, `updated_at`): the same arithmetic in
 both dialects, so a report can bucket by hour or day with `bucket - bucket % 3600`.
@@ -187,4 +190,23 @@ audit_log = Table(
     Column("once", String(256), nullable=True),
     Index("ix_audit_log_at", "at"),
     Index("uq_audit_log_once", "once", unique=True),
+)
+
+alert_deliveries = Table(
+    "alert_deliveries",
+    metadata,
+    Column("id", String(255), primary_key=True),
+    Column("event", String(32), nullable=False),
+    Column("webhook", Integer, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_at", Double, nullable=False),
+    Column("lease_owner", String(64), nullable=True),
+    Column("lease_until", Double, nullable=False, server_default="0"),
+    Column("last_status", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("delivered_at", Double, nullable=True),
+    Index("ix_alert_deliveries_state_next", "state", "next_at"),
 )

@@ -90,6 +90,7 @@ class Pipeline:
         self.sessions = SessionTable()
         self.planner = Planner(domains)
         self.tiers = ServiceTiers()
+        self.unpriced_seen: set[str] = set()
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -538,6 +539,8 @@ class Pipeline:
         )
         self.admission.settle(ticket, entry, dispatched=trace.dispatched)
         self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
+        if entry.cost_nanos is None:
+            self.unpriced_seen.add(entry.model)  # spend alerts' `unpriced_model`
         self._log(trace, status, exc, entry)
         return entry
 

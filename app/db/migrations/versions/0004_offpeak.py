@@ -1,4 +1,5 @@
-"""Off-peak (issue 35): the ledger's billing-window dimension; the audit trail.
+"""Off-peak (issue 35): the ledger's billing-window dimension; the audit trail; spend
+alerts' deliveries.
 
 Revision ID: 0004_offpeak
 Revises: 0003
@@ -40,9 +41,28 @@ def upgrade() -> None:
     )
     op.create_index("ix_audit_log_at", "audit_log", ["at"])
     op.create_index("uq_audit_log_once", "audit_log", ["once"], unique=True)
+    op.create_table(
+        "alert_deliveries",
+        sa.Column("id", sa.String(255), nullable=False),
+        sa.Column("event", sa.String(32), nullable=False),
+        sa.Column("webhook", sa.Integer, nullable=False),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("next_at", sa.Double, nullable=False),
+        sa.Column("lease_owner", sa.String(64), nullable=True),
+        sa.Column("lease_until", sa.Double, nullable=False, server_default="0"),
+        sa.Column("last_status", sa.Integer, nullable=True),
+        sa.Column("last_error", sa.Text, nullable=True),
+        sa.Column("delivered_at", sa.Double, nullable=True),
+        sa.PrimaryKeyConstraint("id", name="pk_alert_deliveries"),
+    )
+    op.create_index("ix_alert_deliveries_state_next", "alert_deliveries", ["state", "next_at"])
 
 
 def downgrade() -> None:
+    op.drop_table("alert_deliveries")
     op.drop_table("audit_log")
     for name in ("usage_minute", "usage_hour"):
         op.drop_index(f"uq_{name}_dims", table_name=name)
