@@ -154,3 +154,33 @@ async def test_a_delivery_whose_replica_died_is_sent_by_another_after_the_lease(
         await other.close()
         await dead.close()
     await db.close()
+
+
+async def test_a_budget_that_alerted_and_enters_a_new_period_sends_a_reset(
+    tmp_path: Path,
+) -> None:
+    db = Database(DatabaseConfig(path=str(tmp_path / "t.sqlite3")))
+    await migrate.prepare(db)
+    spend = FakeSpend()
+    spend.now = [state(600)]
+    with receiver() as hook:
+        c = await center(db, spend, runtime(hook.url), "r")
+        await c.tick()
+        tomorrow = NOW + 86400
+        budget = Budget("key", "alice", "day", "tokens", 1000)
+        spend.now = [BudgetState(budget, 1000, None, CAL.window("day", tomorrow), 0, 0)]
+        c.clock_cell[0] = tomorrow  # type: ignore[attr-defined]
+        await c.tick()
+        await c.tick()  # seen again in the same period: nothing more
+        events = [(p.body["event"], p.body["period_id"]) for p in hook.delivered()]
+        assert events == [
+            ("budget_threshold", "day:2026-05-28"),
+            ("budget_reset", "day:2026-05-29"),
+        ]
+        # a budget that never alerted sends no reset
+        other = Budget("team", "quiet", "day", "tokens", 1000)
+        spend.now = [BudgetState(other, 1000, None, CAL.window("day", tomorrow), 0, 0)]
+        await c.tick()
+        assert len(hook.delivered()) == 2
+        await c.close()
+    await db.close()
