@@ -68,6 +68,18 @@ class Timetable:
                 return Change(candidate, found)
         return None
 
+    def next_start(self, name: str, t: float) -> float | None:
+        """When window `name` next begins after `t` (None: never, or it holds for ever)."""
+        at = t
+        for _ in range(4 * len(self.names) + 8):  # a week has that many changes at most
+            change = self.next_change(at)
+            if change is None:
+                return None
+            if change.window == name:
+                return change.at
+            at = change.at
+        return None
+
     def name_at(self, t: float) -> str:
         """The ledger's window at `t` (`-` outside every window); cached per stretch."""
         start, until, name = self._stretch

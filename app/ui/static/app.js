@@ -181,7 +181,16 @@ function render(s) {
   renderKeys(s.keys);
   renderErrors(s.errors);
   renderAudit(s.status.audit || []);
+  renderDeferred(s.status.deferred || []);
   renderReplicas(s.replicas);
+}
+
+function renderDeferred(held) {
+  const rows = held.map((d) =>
+    el("tr", {}, cell(d.batch, "mono"), cell(d.window), cell(d.pending),
+      cell(d.held_since ? clock(d.held_since) : null), cell(d.release_at)),
+  );
+  fill(document.querySelector("#deferred tbody"), rows, "nothing held", 5);
 }
 
 function renderAudit(changes) {
