@@ -61,6 +61,7 @@ class KeySpec:
     budgets: tuple[Budget, ...] = ()
     service_tiers: frozenset[ServiceTier] | None = None  # allowed; None: all
     service_tier: ServiceTier | None = None  # forced on every request
+    defer_window: str | None = None  # its batches wait for this window ("none": idle)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ def compile_runtime(
             )
         )
     secret = _alerts_secret(settings, environ, problems, source)
+    _defer_windows(settings, problems, source)
     if problems:
         raise ConfigError(problems)
     policy = settings.retry_policy
@@ -137,6 +139,19 @@ def compile_runtime(
         teams=tuple(teams),
         alerts_secret=secret,
     )
+
+
+def _defer_windows(settings: Settings, problems: list[Problem], source: str) -> None:
+    """`batch.defer_window` and keys' `defer_window` name windows of `billing.windows`."""
+    windows = settings.billing.windows
+    named = [("batch.defer_window", settings.batch.defer_window)]
+    named += [(f"keys[{i}].defer_window", k.defer_window) for i, k in enumerate(settings.keys)]
+    for where, name in named:
+        if name not in (None, "none", "auto") and name not in windows:
+            known = ", ".join(windows) or "none defined"
+            problems.append(
+                Problem(source, where, f"no billing window {name!r}", f"one of: {known}")
+            )
 
 
 def _alerts_secret(
@@ -343,4 +358,5 @@ def _key_spec(key: KeyConfig, tpm: int, rpm: int, concurrent: int | None = None)
         max_concurrent=key.max_concurrent or concurrent,
         service_tiers=None if key.service_tiers is None else frozenset(key.service_tiers),
         service_tier=key.service_tier,
+        defer_window=key.defer_window,
     )

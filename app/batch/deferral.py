@@ -31,8 +31,10 @@ class Decision(NamedTuple):
     early: bool = False
 
 
-def defer_window(settings: Settings) -> str | None:
-    name = settings.batch.defer_window
+def defer_window(settings: Settings, key_choice: str | None = None) -> str | None:
+    """The window a batch waits for: its key's choice, else `batch.defer_window`; None:
+    it waits for nothing (idle upstream quota, the batch class)."""
+    name = key_choice if key_choice is not None else settings.batch.defer_window
     windows = settings.billing.windows
     if name == "auto":
         return "offpeak" if "offpeak" in windows else None

@@ -86,16 +86,17 @@ class BatchRunner:
         if batch["status"] == "in_progress" and time.time() > batch["expires_at"]:
             batch["status"] = "expired"
         if batch["status"] == "in_progress":
-            if await self._held(batch):
+            if await self._held(batch, owner):
                 return  # its items wait, pending, for the window (checked every pass)
             await self._run_items(batch, owner)
         self.held.pop(batch_id, None)
         await self._finalize(batch_id)
 
-    async def _held(self, batch: dict[str, Any]) -> bool:
-        """Whether the batch waits for `batch.defer_window` (deferral.py)."""
+    async def _held(self, batch: dict[str, Any], owner: str) -> bool:
+        """Whether the batch waits for its key's or `batch.defer_window` (deferral.py)."""
         settings = self.pipeline.runtime.settings
-        window = defer_window(settings)
+        key = self.key_of(owner)
+        window = defer_window(settings, None if key is None else key.defer_window)
         if window is None and "tokengate_deferral" not in batch:
             return False
         cfg, now = self.cfg, time.time()

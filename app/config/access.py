@@ -185,6 +185,12 @@ class KeyConfig(Section):
         description="Force this tier on every request of the key, whatever it asks for "
         '(`"flex"`: a key for background work that only ever uses spare capacity).',
     )
+    defer_window: str | None = Field(
+        None,
+        description="What this key's batches wait for, over `batch.defer_window`: a window of "
+        "`billing.windows`, or `none` (idle upstream quota: they run at once on the capacity "
+        "interactive traffic leaves). Unset: `batch.defer_window`.",
+    )
 
     @field_validator("key_sha256")
     @classmethod

@@ -59,3 +59,14 @@ def test_the_window_defaults_to_offpeak_when_there_is_one() -> None:
         "batch": {"defer_window": "night"},
     }
     assert defer_window(Settings.model_validate(night)) == "night"
+
+
+def test_a_key_may_choose_its_own_window_or_idle_quota() -> None:
+    windows = {
+        "offpeak": {"start": "16:30", "end": "00:30"},
+        "night": {"start": "01:00", "end": "05:00"},
+    }
+    settings = Settings.model_validate({"billing": {"windows": windows}})
+    assert defer_window(settings, "night") == "night"
+    assert defer_window(settings, "none") is None  # idle upstream quota: at once
+    assert defer_window(settings, None) == "offpeak"  # batch.defer_window (auto)
