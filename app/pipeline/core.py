@@ -295,6 +295,11 @@ class Pipeline:
                 if failure.reason is not Reason.THROTTLED:
                     slot.release()
                     raise
+                if serves_tier and call.service_tier is not None:
+                    refused = self.tiers.upstream_refused(call, failure)
+                    if refused is not None:  # the upstream has no flex capacity: no cool-down
+                        slot.release()
+                        raise refused from None
                 slot = await self._throttled(domain, slot, failure, trace)
                 continue
             except BaseException:

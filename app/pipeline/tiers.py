@@ -12,7 +12,9 @@ upstream, and the 429 a flex request gets when there is no spare capacity.
         auto, default                   the key's own class
 
 A flex request the gateway could not place (its queue full, or the wait over) gets the
-429 OpenAI documents for flex, `resource_unavailable`, and is charged nothing. What a
+429 OpenAI documents for flex, `resource_unavailable`, and is charged nothing; so does one
+a flex-serving upstream answered with 429 (its flex capacity is short: unlike a rate
+limit, that does not cool the domain down for everyone else). What a
 request costs is decided later, by the tier the upstream says served it (the answer's
 `service_tier`, `app.billing.prices`).
 """
@@ -23,6 +25,7 @@ from app.errors import FlexUnavailable, GatewayError, ServiceUnavailable
 from app.kinds import QueueClass, ServiceTier
 from app.pipeline.request import ClientRequest
 from app.runtime import DomainSpec
+from app.upstream.attempt import AttemptFailed
 
 _NO_CAPACITY = frozenset({"queue_full", "queue_timeout"})
 
@@ -45,6 +48,21 @@ class ServiceTiers:
         if tier is ServiceTier.PRIORITY:
             return QueueClass.HIGH, False, 0.0
         return call.queue_class, False, 0.0
+
+    @staticmethod
+    def upstream_refused(call: ClientRequest, failure: AttemptFailed) -> FlexUnavailable | None:
+        """A 429 to a flex request the upstream served as flex: its flex capacity is short,
+        which says nothing of the key's quota, so the domain is not cooled down (as for a
+        rate limit) and the client gets flex's 429 at once, as from the provider."""
+        if call.service_tier is not ServiceTier.FLEX:
+            return None
+        return FlexUnavailable(
+            "Resource Unavailable: the upstream has no flex capacity for this request right "
+            "now; retry later, or send it with another service_tier.",
+            param="service_tier",
+            retry_after=failure.retry_after,
+            should_retry=True,
+        )
 
     @staticmethod
     def refusal(call: ClientRequest, error: GatewayError) -> GatewayError:

@@ -204,3 +204,24 @@ def test_flex_without_spare_capacity_gets_openais_flex_429(
     assert (line["error"], line["cost"]) == ("resource_unavailable", "0")
     assert len(slow.records("/v1/chat/completions")) == 1  # the flex one never went upstream
     assert httpx.get(f"{gw.url}/health", timeout=10).status_code == 200
+
+
+def test_an_upstream_429_to_flex_is_flexs_429_and_cools_nothing_down(
+    sim: Sim, make_gateway: Make, clients: Any
+) -> None:
+    gw = make_gateway(spec(ALL_TIERS), sim.url)
+    client = clients(gw)
+    sim.faults(status=429, count=1, retry_after=30)  # the upstream's flex capacity is short
+    with pytest.raises(openai.RateLimitError) as err:
+        client("anyone").chat.completions.create(
+            model="gpt-4o", messages=PROMPT, max_tokens=4, service_tier="flex"
+        )
+    assert err.value.code == "resource_unavailable"
+    answer = client("anyone").chat.completions.create(model="gpt-4o", messages=PROMPT, max_tokens=4)
+    assert answer.choices  # served
+    throttled = [
+        ln
+        for ln in gw.metrics().splitlines()
+        if ln.startswith("tokengate_upstream_throttled_total{")
+    ]
+    assert all(float(ln.rsplit(" ", 1)[1]) == 0 for ln in throttled)  # no domain cool-down
