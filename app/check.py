@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 import httpx
 
 from app.billing.prices import PriceList
+from app.billing.timetable import Timetable
 from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.config.sources import PLACEHOLDER, ConfigFiles, load_settings, secret_environ
@@ -215,6 +216,28 @@ def _unpriced(runtime: Runtime | None, models: list[str]) -> None:
         )
 
 
+def window_lines(runtime: Runtime, now: float) -> list[str]:
+    """The billing window in force at `now` and the next change (none: no lines)."""
+    billing = runtime.settings.billing
+    timetable = Timetable(billing.windows, billing.timezone)
+    if not timetable:
+        return []
+    current = timetable.at(now) or "none (base prices)"
+    lines = [f"billing window now: {current} ({billing.timezone})"]
+    change = timetable.next_change(now)
+    if change is None:
+        lines.append("next window change: never")
+    else:
+        after = change.window or "none (base prices)"
+        lines.append(f"next window change: {timetable.describe(change.at)} -> {after}")
+    return lines
+
+
+def _windows(runtime: Runtime, now: float) -> None:
+    for line in window_lines(runtime, now):
+        _say(f"      {line}")
+
+
 def configured_models(runtime: Runtime) -> list[str]:
     """Models the configuration names: domains' lists, routes and alias targets."""
     s = runtime.settings
@@ -301,6 +324,7 @@ def run_check(
             names = ", ".join(f"{d.name} -> {d.api_base}" for d in runtime.domains)
             _say(f"      ok: {len(runtime.domains)} domain(s): {names}")
             _unpriced(runtime, configured_models(runtime))
+            _windows(runtime, time.time())
     else:
         _say("      skipped: no local config files (checking a remote gateway)")
     for line in warnings(os.environ):

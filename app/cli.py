@@ -1,4 +1,4 @@
-"""`tokengate serve | sim | check | keys new | config-reference | db ... | usage`.
+"""`tokengate serve | sim | check | keys new | config-reference | db ... | usage | audit`.
 
 argv -> config -> exit codes: 0 success, 1 a failed check or runtime failure, 2 bad
 configuration or usage, or a database that can not be used (one message naming file,
@@ -80,7 +80,24 @@ def _parser() -> argparse.ArgumentParser:
     _add_files(db)
     _add_db_commands(db)
     _add_usage(sub.add_parser("usage", help="usage and cost of a running gateway, by period"))
+    _add_audit(sub.add_parser("audit", help="changes to limits, budgets, keys, prices, windows"))
     return parser
+
+
+def _add_audit(audit: argparse.ArgumentParser) -> None:
+    audit.add_argument("--since", default="7d", help="start: 7d, 24h, 90m, or an ISO date/instant")
+    audit.add_argument("--until", help="end (exclusive), same forms; default now")
+    audit.add_argument("--actor", help="only changes by this actor: admin, reload, expiry")
+    audit.add_argument("--action", help="only this action (key_limits.set) or prefix (key.)")
+    audit.add_argument("--on", help="only changes on this target (key:alice, model:gpt-4o)")
+    audit.add_argument("--limit", type=int, default=100, help="newest rows shown (100)")
+    audit.add_argument("--format", choices=["table", "json"], default="table")
+    audit.add_argument(
+        "--target",
+        default=os.environ.get("TOKENGATE_URL", "http://127.0.0.1:8080"),
+        help="the gateway's URL (default: $TOKENGATE_URL or http://127.0.0.1:8080)",
+    )
+    audit.add_argument("--admin-key", help="the admin key (default: $TOKENGATE_ADMIN_KEY)")
 
 
 def _add_usage(usage: argparse.ArgumentParser) -> None:
@@ -89,7 +106,7 @@ def _add_usage(usage: argparse.ArgumentParser) -> None:
     )
     usage.add_argument("--until", help="end (exclusive), same forms; default now")
     usage.add_argument(
-        "--by", default="key", help="key, team, model, domain, session, or a,b (key)"
+        "--by", default="key", help="key, team, model, domain, session, window, or a,b (key)"
     )
     usage.add_argument("--granularity", choices=["hour", "day"], help="one row per period")
     usage.add_argument("--format", choices=["table", "csv", "json"], default="table")
@@ -168,6 +185,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from app.report import run as run_usage
 
         return run_usage(args)
+    if args.command == "audit":
+        from app.changelog import run as run_audit
+
+        return run_audit(args)
     if args.command == "config-reference":
         from app.config.reference import render
 

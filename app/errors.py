@@ -206,6 +206,16 @@ class RateLimited(GatewayError):
     code = "rate_limit_exceeded"
 
 
+class FlexUnavailable(GatewayError):
+    """A `service_tier: "flex"` request found no spare capacity in time: the 429 OpenAI
+    documents for flex ("Resource Unavailable"); nothing was sent upstream, so nothing is
+    charged. Worth retrying later, or at once with another tier."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "resource_unavailable"
+
+
 class UpstreamQuotaExhausted(GatewayError):
     """The upstream account has no balance left (OpenAI's `insufficient_quota` 429): no
     wait helps, only a top-up, so SDKs are told not to retry."""

@@ -30,6 +30,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from app import tracing
+from app.alerts import AlertCenter
+from app.audit import AuditTrail
 from app.auth import KeyIndex
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
@@ -38,10 +40,12 @@ from app.billing.periods import Calendar
 from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.db import migrate
+from app.db.alertbook import AlertBook
 from app.db.budgets import BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
 from app.db.owners import ResponseOwners
+from app.db.trail import AuditBook
 from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
@@ -71,6 +75,7 @@ from app.upstream.websocket import SocketDialer
 log = logging.getLogger("tokengate.gateway")
 SETTLE_WAIT_SEC = 2.0  # longest /admin/usage waits for settles still running
 LEDGER_MAINTENANCE_TICKS = 60  # housekeeping ticks (seconds) between ledger roll-ups
+AUDIT_TICKS = 5  # ... between audit upkeeps (expired keys, retention, the recent changes)
 TransportFactory = Callable[[DomainSpec], Transport]
 
 
@@ -131,6 +136,11 @@ class Gateway:
             self.ledger,
             self.calendar,
         )
+        self.audit = AuditTrail(AuditBook(self.db), self.replica_id)
+        self.alerts = AlertCenter(
+            AlertBook(self.db), self.spend, self.replica_id, self._unpriced_since
+        )
+        self.alerts.configure(runtime)
         self.responses = ResponsesService(self.pipeline, self._response_homes(), metrics)
         self.socket_dialer = self._socket_dialer()
         self.socket_counts = SocketCounts()  # client WebSocket connections open per key
@@ -229,6 +239,10 @@ class Gateway:
             models.add(s.model_route.default)
         return models
 
+    def _unpriced_since(self) -> set[str]:
+        seen, self.pipeline.unpriced_seen = self.pipeline.unpriced_seen, set()
+        return seen
+
     # -- lifecycle ---------------------------------------------------------------------
     def _wake_batches(self) -> None:
         self.batch_runner.wake.set()
@@ -254,6 +268,7 @@ class Gateway:
         self._loops.append(asyncio.create_task(self._housekeeping()))
         self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
+        self._loops.append(asyncio.create_task(self.alerts.run()))
         self._sync_gauges()
         self._warn_unpriced()
 
@@ -310,6 +325,7 @@ class Gateway:
         timeouts of open pools...) is named as needing a restart and left out.
         """
         notes = describe_reload(self.runtime, new)
+        self.spawn(self.audit.reloaded(self.runtime, new))
         old = {d.name: d for d in self.domains}
         new_specs = {d.name: d for d in new.domains}
         for name in sorted(set(old) ^ set(new_specs)):
@@ -331,6 +347,7 @@ class Gateway:
         self.keys = KeyIndex(new.keys, enabled=new.auth_enabled, anonymous=_anonymous(new.settings))
         self.pipeline.configure(self.runtime)
         self.spend.configure(self.runtime)
+        self.alerts.configure(self.runtime)
         if new.settings.billing.timezone != self.calendar.timezone:
             notes.append("billing.timezone changed: periods from now on are in the new zone")
             self.calendar = Calendar(new.settings.billing.timezone)
@@ -399,6 +416,7 @@ class Gateway:
         await asyncio.gather(*self._loops, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.batch_runner.release()  # another replica (or a restart) resumes at once
+        await self.alerts.close()
         for domain in self.domains:
             await domain.dispatcher.stop()
         if self._tasks:
@@ -507,6 +525,8 @@ class Gateway:
             ticks += 1
             if ticks % LEDGER_MAINTENANCE_TICKS == 0:
                 await self._maintain_ledger()
+            if ticks % AUDIT_TICKS == 1:
+                await self.audit.housekeeping(self.runtime)
 
     async def _maintain_ledger(self) -> None:
         try:

@@ -38,6 +38,20 @@ INTERACTIVE = (QueueClass.HIGH, QueueClass.NORMAL, QueueClass.LOW)
 _QUEUE_OF = {p: QueueClass(p.value) for p in Priority}
 
 
+class ServiceTier(StrEnum):
+    """OpenAI's `service_tier` of a request (and of the answer: the tier that served it).
+
+    Passed upstream to a domain that declares it serves the tier (`[[scale_up]]
+    service_tiers`); elsewhere the gateway serves it with its own queue classes:
+    `priority` in `high`, `flex` in `batch` (spare capacity only, a longer queue wait),
+    `auto` and `default` in the key's own class."""
+
+    AUTO = "auto"
+    DEFAULT = "default"
+    FLEX = "flex"
+    PRIORITY = "priority"
+
+
 class ApiStyle(StrEnum):
     """Which API a domain's upstream speaks (`[[scale_up]] api_style`)."""
 

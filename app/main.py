@@ -17,7 +17,17 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
-from app.api import admin, batches, budgets, errors, health, openai, stored_responses, ui
+from app.api import (
+    admin,
+    batches,
+    budgets,
+    changes,
+    errors,
+    health,
+    openai,
+    stored_responses,
+    ui,
+)
 from app.api.access import AccessRecorder
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
@@ -91,6 +101,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(budgets.router)
+    app.include_router(changes.router)
     if runtime.settings.ui.enabled:
         ui.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

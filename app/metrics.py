@@ -621,6 +621,13 @@ class Metrics:
             ["scope", "name", "budget"],
             registry=r,
         )
+        self.deferred = Counter(
+            "tokengate_deferred",
+            "Deferred work (Batch API jobs) by outcome: held for an off-peak window, "
+            "released in it, early_released so as not to miss its completion_window.",
+            ["outcome"],
+            registry=r,
+        )
 
     def record_spend(self, key: str, model: str | None, nanos: int | None) -> None:
         m = self.model_label(model)
@@ -636,6 +643,11 @@ class Metrics:
 
     def record_budget_exceeded(self, scope: str, name: str, budget: str) -> None:
         self._child(self.budget_exceeded, scope, name, budget).inc()
+
+    def record_deferred(self, outcome: str) -> None:
+        """A batch held for an off-peak window (`held`), or let go: `released` in the
+        window, `early_released` before it (its completion_window would be missed)."""
+        self._child(self.deferred, outcome).inc()
 
     # -- exposition ---------------------------------------------------------------------
     def render(self) -> bytes:

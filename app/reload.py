@@ -58,6 +58,10 @@ LIVE = (
     "server.websocket_idle_timeout_sec",
     "server.max_websockets_per_key",
     "batch.share",
+    "billing.prices",  # the pipeline's price list and billing windows are rebuilt
+    "billing.windows",
+    "token_scheduler.flex_max_queue_wait_ms",
+    "audit.retention_days",  # read at each audit upkeep
 )
 _PER_DOMAIN = ("api_endpoint", "token_scheduler.api_base")
 

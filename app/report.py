@@ -129,7 +129,7 @@ def run(args: Any) -> int:
         print(f"tokengate usage: cannot reach {args.target}: {exc}")
         return 1
     if resp.status_code != 200:
-        print(f"tokengate usage: {resp.status_code} from {args.target}: {_message(resp)}")
+        print(f"tokengate usage: {resp.status_code} from {args.target}: {message(resp)}")
         return 1
     if args.format == "csv":
         print(resp.text, end="")
@@ -140,7 +140,7 @@ def run(args: Any) -> int:
     return 0
 
 
-def _message(resp: httpx.Response) -> str:
+def message(resp: httpx.Response) -> str:
     try:
         return str(resp.json()["error"]["message"])
     except Exception:

@@ -26,7 +26,7 @@ from app.billing.prices import to_nanos
 from app.config.cluster import HeaderPolicyConfig
 from app.config.errors import ConfigError, Problem
 from app.config.schema import BudgetConfig, KeyConfig, ScaleUpConfig, Settings
-from app.kinds import ApiStyle, Priority
+from app.kinds import ApiStyle, Priority, ServiceTier
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class DomainSpec:
     responses_websocket: bool = False  # ... and its WebSocket mode
     # Per comma-list header (`anthropic-beta`...): what of the client's values goes upstream.
     headers: Mapping[str, HeaderPolicyConfig] = field(default_factory=dict, hash=False)
+    service_tiers: frozenset[ServiceTier] = frozenset()  # tiers the upstream serves itself
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class KeySpec:
     max_websockets: int | None = None  # None: server.max_websockets_per_key
     budgets: tuple[Budget, ...] = ()
     session_budgets: tuple[Budget, ...] = ()  # per agent session of this key
+    service_tiers: frozenset[ServiceTier] | None = None  # allowed; None: all
+    service_tier: ServiceTier | None = None  # forced on every request
+    defer_window: str | None = None  # its batches wait for this window ("none": idle)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class Runtime:
     source: str = ""
     files: tuple[str, str] | None = None  # (config.toml, settings.json) for reloads
     teams: tuple[TeamSpec, ...] = ()
+    alerts_secret: SecretStr | None = field(default=None, repr=False)  # alerts.secret_env
 
     @property
     def default_model(self) -> str | None:
@@ -117,6 +122,8 @@ def compile_runtime(
                 "or start with --no-auth for a trusted network only",
             )
         )
+    secret = _alerts_secret(settings, environ, problems, source)
+    _defer_windows(settings, problems, source)
     if problems:
         raise ConfigError(problems)
     policy = settings.retry_policy
@@ -137,7 +144,44 @@ def compile_runtime(
         source=source,
         files=files,
         teams=tuple(teams),
+        alerts_secret=secret,
     )
+
+
+def _defer_windows(settings: Settings, problems: list[Problem], source: str) -> None:
+    """`batch.defer_window` and keys' `defer_window` name windows of `billing.windows`."""
+    windows = settings.billing.windows
+    named = [("batch.defer_window", settings.batch.defer_window)]
+    named += [(f"keys[{i}].defer_window", k.defer_window) for i, k in enumerate(settings.keys)]
+    for where, name in named:
+        if name not in (None, "none", "auto") and name not in windows:
+            known = ", ".join(windows) or "none defined"
+            problems.append(
+                Problem(source, where, f"no billing window {name!r}", f"one of: {known}")
+            )
+
+
+def _alerts_secret(
+    settings: Settings, environ: Mapping[str, str], problems: list[Problem], source: str
+) -> SecretStr | None:
+    """The webhooks' signing key: required (non-empty) once a webhook is configured."""
+    alerts = settings.alerts
+    if not alerts.webhooks:
+        return None
+    value = environ.get(alerts.secret_env, "").strip()
+    if not value:
+        problems.append(
+            Problem(
+                source,
+                "alerts.secret_env",
+                f"alert webhooks are configured but ${alerts.secret_env} is empty or unset, "
+                "so their bodies could not be signed",
+                f"export {alerts.secret_env}=<a long random string> (receivers verify "
+                "x-tokengate-signature with it)",
+            )
+        )
+        return None
+    return SecretStr(value)
 
 
 def _entries(settings: Settings) -> list[ScaleUpConfig]:
@@ -194,6 +238,7 @@ def _domains(
                 responses=entry.responses,
                 responses_websocket=entry.responses_websocket,
                 headers={str(name): policy for name, policy in entry.headers.items()},
+                service_tiers=frozenset(entry.service_tiers),
             )
         )
     return out
@@ -330,4 +375,7 @@ def _key_spec(key: KeyConfig, tpm: int, rpm: int, concurrent: int | None = None)
         reserve_output=key.reserve_output,
         max_concurrent=key.max_concurrent or concurrent,
         max_websockets=key.max_websockets,
+        service_tiers=None if key.service_tiers is None else frozenset(key.service_tiers),
+        service_tier=key.service_tier,
+        defer_window=key.defer_window,
     )

@@ -117,4 +117,5 @@ def _fields(
     fields = trace.fields(ms)
     fields["cost"] = "0"  # refused before admission: nothing consumed, as the pipeline says
     fields["team"] = note.team
+    fields["window"] = None  # nothing consumed, so priced in no billing window
     return fields

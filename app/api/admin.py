@@ -22,6 +22,7 @@ from app.gateway import Gateway
 from app.runtime import KeySpec
 
 router = APIRouter(prefix="/admin")
+ADMIN_NAME = "admin"  # the name of the `TOKENGATE_ADMIN_KEY` credential in the audit trail
 
 
 async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
@@ -34,13 +35,20 @@ async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
         presented.strip().encode(), key.get_secret_value().encode()
     ):
         raise AuthenticationFailed("admin key required: `Authorization: Bearer <admin key>`")
+    request.state.admin_name = ADMIN_NAME
     return gateway
+
+
+def admin_name(request: Request) -> str:
+    """Who made a change through the admin API (the audit trail's `actor`): the name the
+    admin credential check left on the request."""
+    return str(getattr(request.state, "admin_name", ADMIN_NAME))
 
 
 AdminDep = Annotated[Gateway, Depends(_admin)]
 
 
-GROUPS = ("key", "team", "model", "domain", "session")
+GROUPS = ("key", "team", "model", "domain", "session", "window")
 
 
 @router.get("/usage", response_model=None)
@@ -53,10 +61,11 @@ async def usage(
     granularity: Annotated[Literal["hour", "day"] | None, Query()] = None,
 ) -> Any:
     """The ledger, priced: per key and model (default), or grouped by any of key, team,
-    model, domain (`group_by=team,model`), per local hour or day of `billing.timezone`
-    (`granularity`); `from` (inclusive) and `to` (exclusive) are ISO 8601 instants (UTC if
-    no zone) or epoch seconds. CSV with `Accept: text/csv`. The default answer keeps its
-    first shape (`object`, `data`); asked for groups or periods it adds `totals`."""
+    model, domain, window (`group_by=team,model`; `window`: the billing window), per
+    local hour or day of `billing.timezone` (`granularity`); `from` (inclusive) and `to`
+    (exclusive) are ISO 8601 instants (UTC if no zone) or epoch seconds. CSV with
+    `Accept: text/csv`. The default answer keeps its first shape (`object`, `data`);
+    asked for groups or periods it adds `totals`."""
     groups = _groups(group_by)
     query = UsageQuery(
         start=parse_instant(start, "from", gateway.calendar),
@@ -168,10 +177,20 @@ def _database_down() -> ServiceUnavailable:
     )
 
 
+def _limits_now(gateway: Gateway, key: KeySpec) -> dict[str, object]:
+    limits = gateway.admission.limits_for(key)
+    return {
+        "requests_per_minute": limits.requests_per_minute,
+        "tokens_per_minute": limits.tokens_per_minute,
+        "max_concurrent": gateway.pipeline.holds.gate.cap(key.alias, key.max_concurrent),
+    }
+
+
 @router.put("/keys/{alias}/limits")
 async def set_limits(alias: str, request: Request, gateway: AdminDep) -> dict[str, object]:
     key = _key(gateway, alias)
     change = await read_model(request, LimitsChange)
+    before = _limits_now(gateway, key)
     try:
         limits = await gateway.live.set_key_limits(
             key, change.requests_per_minute, change.tokens_per_minute
@@ -180,26 +199,31 @@ async def set_limits(alias: str, request: Request, gateway: AdminDep) -> dict[st
         raise _database_down() from None
     if change.max_concurrent is not None:
         await gateway.live.set_key_concurrency(key, change.max_concurrent)
-    return {
-        "alias": alias,
+    after = {
         "requests_per_minute": limits.requests_per_minute,
         "tokens_per_minute": limits.tokens_per_minute,
         "max_concurrent": gateway.pipeline.holds.gate.cap(alias, key.max_concurrent),
     }
+    entry = ("key_limits.set", f"key:{alias}", before, after)
+    await gateway.audit.record(admin_name(request), [entry])
+    return {"alias": alias, **after}
 
 
 @router.delete("/keys/{alias}/limits")
-async def clear_limits(alias: str, gateway: AdminDep) -> dict[str, object]:
+async def clear_limits(alias: str, gateway: AdminDep, request: Request) -> dict[str, object]:
     """Clear a live override: the key's limits are the files' again (on every replica)."""
     key = _key(gateway, alias)
+    before = _limits_now(gateway, key)
     try:
         cleared = await gateway.live.clear_key_limits(key)
     except DatabaseUnavailable:
         raise _database_down() from None
-    return {
-        "alias": alias,
-        "cleared": cleared,
+    after = {
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
         "max_concurrent": key.max_concurrent,
     }
+    if cleared:
+        entry = ("key_limits.cleared", f"key:{alias}", before, after)
+        await gateway.audit.record(admin_name(request), [entry])
+    return {"alias": alias, "cleared": cleared, **after}

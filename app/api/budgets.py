@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.api.admin import AdminDep, parse_instant
+from app.api.admin import AdminDep, admin_name, parse_instant
 from app.api.json_body import read_model
 from app.billing.budgets import Amount
 from app.billing.periods import Calendar, Window
@@ -79,7 +79,9 @@ async def raise_budget(
     metric = "cost" if change.max_cost is not None else "tokens"
     limit = to_nanos(change.max_cost) if change.max_cost is not None else change.max_tokens
     assert limit is not None
+    budget = f"{change.period}_{metric}"
     try:
+        before = await _limit_of(gateway, scope, name, budget)
         await gateway.live.set_budget(
             BudgetOverride(scope, name, change.period, metric, limit, until)
         )
@@ -88,8 +90,26 @@ async def raise_budget(
         ]
     except DatabaseUnavailable:
         raise _db_down() from None
-    (state,) = [b for b in owner.budgets if b.budget.name == f"{change.period}_{metric}"]
-    return _budget(state, gateway.calendar)
+    (state,) = [b for b in owner.budgets if b.budget.name == budget]
+    shown = _budget(state, gateway.calendar)
+    after = {k: shown[k] for k in _AUDITED}
+    entry = ("budget_override.set", f"{scope}:{name}:{budget}", before, after)
+    await gateway.audit.record(admin_name(request), [entry])
+    return shown
+
+
+_AUDITED = ("limit", "configured_limit", "override")
+
+
+async def _limit_of(gateway: Gateway, scope: str, name: str, budget: str) -> object:
+    """A budget's limit as the audit trail shows it (None: the owner had no such budget)."""
+    for owner in await gateway.live.budget_view():
+        if (owner.scope, owner.name) == (scope, name):
+            for state in owner.budgets:
+                if state.budget.name == budget:
+                    shown = _budget(state, gateway.calendar)
+                    return {k: shown[k] for k in _AUDITED}
+    return None
 
 
 @router.delete("/budgets/{scope}/{name}")
@@ -97,6 +117,7 @@ async def end_budget(
     scope: Scope,
     name: str,
     gateway: AdminDep,
+    request: Request,
     period: Annotated[PeriodName | None, Query()] = None,
     metric: Annotated[Literal["cost", "tokens"] | None, Query()] = None,
 ) -> dict[str, object]:
@@ -105,6 +126,10 @@ async def end_budget(
         ended = await gateway.live.end_budget(scope, name, period, metric)
     except DatabaseUnavailable:
         raise _db_down() from None
+    if ended:
+        which = {"period": period, "metric": metric, "ended": ended}
+        entry = ("budget_override.ended", f"{scope}:{name}", which, None)
+        await gateway.audit.record(admin_name(request), [entry])
     return {"scope": scope, "name": name, "ended": ended}
 
 

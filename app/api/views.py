@@ -57,6 +57,10 @@ def status(gateway: Gateway) -> dict[str, object]:
             "aliases": s.model_aliases,
         },
         "tasks": gateway.background_tasks,
+        "deferred": list(gateway.batch_runner.held.values()),
+        "audit": [
+            {**row, "at": gateway.calendar.describe(row["at"])} for row in gateway.audit.recent
+        ],
     }
 
 

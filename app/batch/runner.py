@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from app.batch.deferral import decide, defer_window, note
 from app.batch.service import item_error, new_id, request_counts
 from app.batch.store import BatchStore, Item, StoredFile
 from app.config.schema import BatchConfig
@@ -55,6 +56,7 @@ class BatchRunner:
         self.key_of = key_of
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
         self.wake = asyncio.Event()
+        self.held: dict[str, dict[str, Any]] = {}  # batches held for a window, by id
 
     async def run(self) -> None:
         """The runner's loop (one task, owned by the gateway). The database going away
@@ -84,8 +86,51 @@ class BatchRunner:
         if batch["status"] == "in_progress" and time.time() > batch["expires_at"]:
             batch["status"] = "expired"
         if batch["status"] == "in_progress":
+            if await self._held(batch, owner):
+                return  # its items wait, pending, for the window (checked every pass)
             await self._run_items(batch, owner)
+        self.held.pop(batch_id, None)
         await self._finalize(batch_id)
+
+    async def _held(self, batch: dict[str, Any], owner: str) -> bool:
+        """Whether the batch waits for its key's or `batch.defer_window` (deferral.py)."""
+        settings = self.pipeline.runtime.settings
+        key = self.key_of(owner)
+        window = defer_window(settings, None if key is None else key.defer_window)
+        if window is None and "tokengate_deferral" not in batch:
+            return False
+        cfg, now = self.cfg, time.time()
+        pending = (await self.store.counts(batch["id"])).get("pending", 0)
+        decision = decide(
+            self.pipeline.timetable,
+            window,
+            now,
+            float(batch["expires_at"]),
+            pending,
+            cfg.item_estimate_sec,
+            cfg.concurrency,
+            cfg.defer_margin_sec,
+        )
+        if note(batch, decision, now):
+            await self.store.save_batch(batch)
+            outcome = "early_released" if decision.early else "released"
+            self.pipeline.metrics.record_deferred("held" if decision.hold else outcome)
+            if decision.early:
+                log.warning(
+                    "batch %s released early: it would miss its completion_window "
+                    "waiting for window %r",
+                    batch["id"],
+                    window,
+                )
+        if decision.hold:
+            self.held[batch["id"]] = {
+                "batch": batch["id"],
+                "pending": pending,
+                **batch["tokengate_deferral"],
+            }
+        else:
+            self.held.pop(batch["id"], None)
+        return decision.hold
 
     async def _run_items(self, batch: dict[str, Any], owner: str) -> None:
         endpoint = _ENDPOINTS[batch["endpoint"]]

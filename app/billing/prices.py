@@ -21,6 +21,10 @@ Which model's price: the model the gateway sent upstream (the name after
 `model_aliases`, or the fallback that served), else the name the upstream answered
 with, so a dated snapshot (`gpt-4o-2024-08-06`) may also be priced on its own. A model
 with neither has no price: its cost is unknown (`None`), never zero.
+
+Which window's price: a model may price named `billing.windows` differently
+(`PriceConfig.windows`); the caller says which window the request was served in
+(`app.billing.timetable`), and outside those the model's own price holds.
 """
 
 from __future__ import annotations
@@ -90,22 +94,50 @@ class PriceList:
     def __init__(self, prices: Mapping[str, PriceConfig], currency: str = "USD") -> None:
         self.currency = currency
         self._prices = {model: Price.of(cfg) for model, cfg in prices.items()}
+        # (model, window, tier) -> its price there, where it differs from the model's own
+        self._variants = {
+            (model, window, tier): Price.of(cfg.priced(window, tier))
+            for model, cfg in prices.items()
+            for window in (None, *cfg.windows)
+            for tier in (None, *cfg.tiers)
+            if window is not None or tier is not None
+        }
 
     def __bool__(self) -> bool:
         return bool(self._prices)
 
-    def price(self, *models: str | None) -> Price | None:
-        """The price of the first of `models` that has one."""
+    def price(
+        self, *models: str | None, window: str | None = None, tier: str | None = None
+    ) -> Price | None:
+        """The price of the first of `models` that has one, in `window` (a name from
+        `app.billing.timetable`; `-` or None: none) for the service `tier` that served
+        it, where the model prices them apart."""
         for model in models:
             if model is not None:
                 found = self._prices.get(model)
                 if found is not None:
+                    if self._variants and (window is not None or tier is not None):
+                        return self._variant(model, window, tier) or found
                     return found
         return None
 
-    def cost(self, tokens: Tokens, *models: str | None) -> int | None:
+    def _variant(self, model: str, window: str | None, tier: str | None) -> Price | None:
+        variants = self._variants
+        return (
+            variants.get((model, window, tier))
+            or variants.get((model, None, tier))
+            or variants.get((model, window, None))
+        )
+
+    def cost(
+        self,
+        tokens: Tokens,
+        *models: str | None,
+        window: str | None = None,
+        tier: str | None = None,
+    ) -> int | None:
         """Nano-units, or None when no model named has a price (cost unknown)."""
-        price = self.price(*models)
+        price = self.price(*models, window=window, tier=tier)
         return None if price is None else price.cost(tokens)
 
     def unpriced(self, models: Iterable[str]) -> list[str]:

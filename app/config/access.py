@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 
 from app.config.billing import BudgetConfig
 from app.config.section import DomainName, PositiveInt, ReserveOutput, Section, TeamName
-from app.kinds import Priority
+from app.kinds import Priority, ServiceTier
 
 
 class ModelRouteConfig(Section):
@@ -200,6 +200,22 @@ class KeyConfig(Section):
         "`max_tokens` and/or `max_cost`): a session (Claude Code's or Codex's session id, or "
         "`prompt_cache_key`) past it gets 429 `session_budget_exceeded` until the period "
         "resets; other sessions of the key go on. Counted per gateway process.",
+    )
+    service_tiers: list[ServiceTier] | None = Field(
+        None,
+        description="The `service_tier` values this key may ask for; another gets 403 "
+        "`service_tier_not_allowed`. Unset: all of `auto`, `default`, `flex`, `priority`.",
+    )
+    service_tier: ServiceTier | None = Field(
+        None,
+        description="Force this tier on every request of the key, whatever it asks for "
+        '(`"flex"`: a key for background work that only ever uses spare capacity).',
+    )
+    defer_window: str | None = Field(
+        None,
+        description="What this key's batches wait for, over `batch.defer_window`: a window of "
+        "`billing.windows`, or `none` (idle upstream quota: they run at once on the capacity "
+        "interactive traffic leaves). Unset: `batch.defer_window`.",
     )
 
     @field_validator("key_sha256")

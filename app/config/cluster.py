@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from app.config.section import DomainName, PositiveInt, Section
-from app.kinds import ApiStyle
+from app.kinds import ApiStyle, ServiceTier
 
 
 class ClusterConfig(Section):
@@ -70,6 +70,13 @@ class TokenSchedulerConfig(Section):
         30000,
         description="A request queued longer than this gets 503 with Retry-After (its key's "
         "`max_concurrent` line and a domain's queue count together).",
+    )
+    flex_max_queue_wait_ms: PositiveInt = Field(
+        600000,
+        description='How long a `service_tier: "flex"` request may wait for spare capacity on a '
+        "domain that does not serve flex itself (it waits in the `batch` class), before its "
+        "429 `resource_unavailable`. Flex clients should allow for it (OpenAI advises a "
+        "15-minute timeout).",
     )
     max_inflight: int = Field(
         64,
@@ -183,6 +190,13 @@ class ScaleUpConfig(Section):
         "values (`[scale_up.headers.anthropic-beta]`: `drop`, `rename`, `allow`, "
         "`retry_refused`). Unset: passed as sent, and a value the upstream refuses in a 400 "
         "is retried without.",
+    )
+    service_tiers: list[ServiceTier] = Field(
+        default_factory=list,
+        description="The `service_tier` values this domain's upstream serves itself (OpenAI: "
+        '`["auto", "default", "flex", "priority"]`): a request asking for one is sent with it. '
+        "A tier not listed is removed from the request and served by the gateway's classes "
+        "(`priority`: high, `flex`: spare capacity only).",
     )
 
 

@@ -23,6 +23,7 @@ from app.config.access import (
     RetryPolicyConfig,
     SessionsConfig,
 )
+from app.config.alerting import AlertsConfig
 from app.config.billing import BillingConfig, BudgetConfig, PriceConfig, TeamConfig
 from app.config.cluster import (
     ClusterConfig,
@@ -33,12 +34,20 @@ from app.config.cluster import (
 )
 from app.config.section import DomainName, Money, PositiveInt, Section
 from app.config.serving import ResponsesConfig, ServerConfig, TracingConfig, UiConfig
-from app.config.state import BatchConfig, DatabaseConfig, LedgerConfig, RedisConfig
+from app.config.state import (
+    AuditConfig,
+    BatchConfig,
+    DatabaseConfig,
+    LedgerConfig,
+    RedisConfig,
+)
 
 # The sections live in modules by concern; this is the one place everything imports them
 # from, beside the root model.
 __all__ = [
     "AffinityConfig",
+    "AlertsConfig",
+    "AuditConfig",
     "BatchConfig",
     "BillingConfig",
     "BreakerConfig",
@@ -123,6 +132,8 @@ class Settings(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)

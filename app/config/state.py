@@ -183,6 +183,16 @@ class LedgerConfig(Section):
     )
 
 
+class AuditConfig(Section):
+    retention_days: int = Field(
+        365,
+        ge=0,
+        description="Audit rows (every change to limits, budgets, keys, prices and windows "
+        "through the admin API, a reload or a key's expiry) older than this are deleted; 0 "
+        "keeps them forever.",
+    )
+
+
 class BatchConfig(Section):
     path: str | None = Field(
         None,
@@ -209,4 +219,22 @@ class BatchConfig(Section):
         description="A batch is owned by one process for this long, renewed while "
         "it runs; after a crash another replica (or the restart) takes it over. Measured "
         "on the database's clock, so replicas' clocks need not agree.",
+    )
+    defer_window: str | None = Field(
+        "auto",
+        description="The billing window (a name in `billing.windows`) batches wait for before "
+        "their items are sent; `auto`: `offpeak` if `billing.windows` has it, else none; "
+        "null or `none`: batches run at once (on the capacity interactive traffic leaves).",
+    )
+    item_estimate_sec: float = Field(
+        2.0,
+        gt=0,
+        description="Expected seconds per item per concurrent slot, to judge whether a held "
+        "batch would still finish inside its `completion_window` if it waited for the window: "
+        "if not, it is released early (reported in the batch and the metrics).",
+    )
+    defer_margin_sec: float = Field(
+        3600.0,
+        ge=0,
+        description="Safety margin kept before a held batch's `completion_window` ends.",
     )

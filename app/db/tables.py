@@ -1,7 +1,8 @@
 """Every table of the durable store, in one place (the migrations create the same).
 
     usage_minute   the ledger: one row per (minute, key, model, domain, status, team,
-                   session), counters (session: the agent session, "-" for none)
+                   session, window), counters (session: the agent session, window: the
+                   billing window it was priced in; "-" for none)
     usage_hour     the same, rolled up once minutes pass `ledger.minute_retention_days`
     budget_spend   spend per (scope, owner, period id): cost and tokens, added in the same
                    transaction as the ledger rows they come from (budgets read it)
@@ -15,6 +16,11 @@
     response_owners  one row per stored response (Responses API): the key that created it
                    and the domain holding it, written when the answer names it; the only
                    authority on who may read, chain, cancel or delete it (until `expires_at`)
+    audit_log      every change to money and limits (admin API, reload, key expiry): who,
+                   when, what, the value before and after; `once` dedupes across replicas
+    alert_deliveries  one row per spend alert and webhook: its id is the dedupe key (once
+                   per budget, threshold and period across replicas), the signed body, and
+                   the delivery's state, attempts, lease and last outcome
 
 Times are UTC epoch seconds (`bucket`, `lease_until`, `updated_at`): the same arithmetic in
 both dialects, so a report can bucket by hour or day with `bucket - bucket % 3600`.
@@ -50,9 +56,10 @@ Id = BigInteger().with_variant(Integer(), "sqlite")
 
 # The ledger's shape. The flush, the roll-up and the reports read these tuples, so a new
 # counter needs a migration and one name here. `team` is the key's team when the request
-# was made ("-": none); `cost_nanos` is in nano-units of `billing.currency`, and counts
+# was made ("-": none); `window` the billing window it was priced in ("-": none);
+# `cost_nanos` is in nano-units of `billing.currency`, and counts
 # only priced requests: `unpriced_requests` says how many had no price (cost unknown).
-DIMENSIONS = ("key", "model", "domain", "status", "team", "session")
+DIMENSIONS = ("key", "model", "domain", "status", "team", "session", "window")
 COUNTERS = (
     "requests",
     "errors",
@@ -80,6 +87,7 @@ def _usage(name: str) -> Table:
         Column("status", Integer, nullable=False),
         Column("team", String(128), nullable=False, server_default="-"),
         Column("session", String(64), nullable=False, server_default="-"),
+        Column("window", String(32), nullable=False, server_default="-"),
         *(Column(c, BigInteger, nullable=False, server_default="0") for c in COUNTERS),
         Index(f"uq_{name}_dims", "bucket", *DIMENSIONS, unique=True),
     )
@@ -182,4 +190,39 @@ response_owners = Table(
     Column("created_at", Double, nullable=False),
     Column("expires_at", Double, nullable=False),
     Index("ix_response_owners_expires_at", "expires_at"),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("at", Double, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("replica", String(64), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(256), nullable=False),
+    Column("old_value", Text, nullable=True),
+    Column("new_value", Text, nullable=True),
+    Column("once", String(256), nullable=True),
+    Index("ix_audit_log_at", "at"),
+    Index("uq_audit_log_once", "once", unique=True),
+)
+
+alert_deliveries = Table(
+    "alert_deliveries",
+    metadata,
+    Column("id", String(255), primary_key=True),
+    Column("event", String(32), nullable=False),
+    Column("webhook", Integer, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_at", Double, nullable=False),
+    Column("lease_owner", String(64), nullable=True),
+    Column("lease_until", Double, nullable=False, server_default="0"),
+    Column("last_status", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("delivered_at", Double, nullable=True),
+    Index("ix_alert_deliveries_state_next", "state", "next_at"),
 )

@@ -35,8 +35,8 @@ from app.db.tables import (
     usage_minute,
 )
 
-# bucket (epoch s), key, model, domain, status, team, session
-BucketKey = tuple[int, str, str, str, int, str, str]
+# bucket (epoch s), key, model, domain, status, team, session, billing window
+BucketKey = tuple[int, str, str, str, int, str, str, str]
 SpendRow = tuple[str, str, str]  # scope ("key" | "team"), owner, period id
 HOUR = 3600
 DAY = 86400

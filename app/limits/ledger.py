@@ -4,7 +4,7 @@ Failures are recorded with what they consumed (docs/design.md, "What the second
 article adds"), so a row keeps the tokens of failed attempts apart from billed usage.
 
     settle ─► add(entry)            a dict update on the hot path, nothing else
-                 │                  (minute, key, model, domain, status, team) -> counters
+                 │                  (minute, key, model, domain, status, team, window) -> counters
                  ▼
     every flush_interval_sec ─► flush(): one transaction (app/db/usage.py), with the
                  │  budget spend of those rows per key, team and calendar period
@@ -40,7 +40,7 @@ from app.billing.budgets import Amount, SpendKey
 from app.billing.periods import Calendar
 from app.config.schema import LedgerConfig
 from app.db.engine import DatabaseUnavailable
-from app.db.tables import COUNTERS
+from app.db.tables import COUNTERS, DIMENSIONS
 from app.db.usage import BucketKey, UsageBook, UsageQuery
 
 log = logging.getLogger("tokengate.ledger")
@@ -64,6 +64,7 @@ class UsageEntry(NamedTuple):
     estimated: bool = False  # no usage from the upstream: counted by the gateway
     cost_nanos: int | None = 0  # None: the model has no price (cost unknown)
     session: str = "-"  # the agent session (sessions.py: bounded label), "-": none
+    window: str = "-"  # the billing window it was priced in (`app.billing.timetable`)
 
     def counters(self) -> list[int]:
         """In the order of `app.db.tables.COUNTERS`."""
@@ -109,6 +110,7 @@ _PROMPT, _COMPLETION, _FAILED_P, _FAILED_C = (
     )
 )
 _COST = COUNTERS.index("cost_nanos")
+_TEAM = 1 + DIMENSIONS.index("team")  # in a bucket key, after the minute
 
 
 class Ledger:
@@ -148,6 +150,7 @@ class Ledger:
             entry.status,
             entry.team,
             entry.session,
+            entry.window,
         )
         row = self._pending.get(key)
         if row is not None:
@@ -213,7 +216,8 @@ class Ledger:
         out: dict[SpendKey, list[int]] = {}
         ids_at = self.calendar.ids_at
         rows = (row for source in sources for row in source.items())
-        for (bucket, key, _model, _domain, _status, team, *_), v in rows:
+        for dims, v in rows:
+            bucket, key, team = dims[0], dims[1], str(dims[_TEAM])
             cost, tokens = v[_COST], v[_PROMPT] + v[_COMPLETION] + v[_FAILED_P] + v[_FAILED_C]
             if not (cost or tokens):
                 continue
@@ -346,11 +350,12 @@ class Ledger:
 
 
 def _bucket_key(raw: Sequence[Any]) -> BucketKey:
-    """A spill file's row key as the book takes it (JSON has no tuples; a file written
-    before the session dimension has none)."""
+    """A spill file's row key as the book takes it (JSON has no tuples); a file written
+    before the session and window dimensions has neither (`-`)."""
     bucket, key, model, domain, status, team, *rest = raw
     session = str(rest[0]) if rest else "-"
-    return (int(bucket), str(key), str(model), str(domain), int(status), str(team), session)
+    window = str(rest[1]) if len(rest) > 1 else "-"
+    return (int(bucket), str(key), str(model), str(domain), int(status), str(team), session, window)
 
 
 Spill = tuple[Path, str, list[tuple[int, Buckets]]]

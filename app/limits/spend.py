@@ -123,6 +123,7 @@ class SpendGate:
         self.tally = Tally()
         self.shared: SharedSpend | None = None  # set by the gateway when Redis is configured
         self._running: dict[str, Hold] = {}  # held in Redis, renewed until settled
+        self.refused: set[tuple[str, str, str]] = set()  # (scope, owner, budget) that refused
         self._windows: dict[Period, Window] = {}
         self._since = self._until = 0.0  # when the current windows all hold
         self._gen = 0  # counts the windows' changes
@@ -275,6 +276,7 @@ class SpendGate:
 
     def refusal(self, over: Over) -> BudgetExceeded:
         b = over.budget
+        self.refused.add((b.scope, b.owner, b.name))  # spend alerts: it is at 100 %
         if self.metrics is not None:
             self.metrics.record_budget_exceeded(b.scope, b.owner, b.name)
         spent, held, need, limit = (

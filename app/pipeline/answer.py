@@ -176,6 +176,7 @@ class StreamAnswer:
     def _settle(self, status: int, outcome: str | None) -> None:
         relay, trace = self.relay, self._trace
         trace.model = relay.model or trace.attempts[-1].model
+        trace.service_tier = relay.tier
         prompt = (
             relay.prompt_tokens if relay.prompt_tokens is not None else self._call.prompt_tokens
         )

@@ -31,6 +31,7 @@ from itertools import chain
 
 from app.billing.periods import Calendar
 from app.billing.prices import PriceList, Tokens, render
+from app.billing.timetable import NO_WINDOW, Timetable
 from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
@@ -51,6 +52,7 @@ from app.pipeline.failure import client_error
 from app.pipeline.holds import KeyHolds
 from app.pipeline.plan import Planner
 from app.pipeline.request import ClientRequest
+from app.pipeline.tiers import ServiceTiers
 from app.pipeline.toll import Toll
 from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
@@ -80,8 +82,10 @@ class Pipeline:
         spawn: Spawn,
         clock: Callable[[], float] = time.perf_counter,
         tracer: Tracer | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.domains = domains
+        self.wall_clock = wall_clock  # billing windows are read on it
         self.admission = admission
         self.metrics = metrics
         self.spawn = spawn
@@ -94,6 +98,8 @@ class Pipeline:
         self.allowance = Allowance(self.planner)
         self.allowance.spend = admission.spend
         self.session_spend = SessionBook(Calendar(runtime.settings.billing.timezone))
+        self.tiers = ServiceTiers()
+        self.unpriced_seen: set[str] = set()
         self.configure(runtime)
 
     def configure(self, runtime: Runtime) -> None:
@@ -121,6 +127,9 @@ class Pipeline:
             self.session_spend.calendar = Calendar(billing.timezone)
         self.session_spend.max_per_key = sessions.max_per_key
         self.session_spend.idle_sec = sessions.idle_sec
+        self.timetable = Timetable(billing.windows, billing.timezone)
+        sched = runtime.settings.token_scheduler
+        self.tiers.configure(sched.max_queue_wait_ms, sched.flex_max_queue_wait_ms)
 
     # -- the entry point ----------------------------------------------------------
     def _trace(self, call: ClientRequest) -> Trace:
@@ -222,6 +231,11 @@ class Pipeline:
             if over is not None:
                 raise session_refusal(key.alias, label, over, self.prices.currency)
 
+    def _window(self) -> str:
+        """The billing window in force now (`-`: none, or no windows configured)."""
+        timetable = self.timetable
+        return timetable.name_at(self.wall_clock()) if timetable else NO_WINDOW
+
     @staticmethod
     def _abandoned(call: ClientRequest, trace: Trace, status: int) -> tuple[int, int]:
         """The client left while the upstream had its (non-streamed) request: the upstream
@@ -232,9 +246,12 @@ class Pipeline:
             return call.prompt_tokens, 0
         return 0, 0
 
-    def _priced(self, call: ClientRequest, trace: Trace, failed: tuple[int, int]) -> int | None:
+    def _priced(
+        self, call: ClientRequest, trace: Trace, failed: tuple[int, int], window: str
+    ) -> int | None:
         """The cost of what the request consumed (failed attempts' tokens included), at
-        the price of the model the gateway sent, else the one the upstream named."""
+        the price of the model the gateway sent, else the one the upstream named, in the
+        billing window in force as it finished."""
         tokens = Tokens(
             trace.prompt_tokens + failed[0],
             trace.completion_tokens + failed[1],
@@ -244,7 +261,7 @@ class Pipeline:
         if not (tokens.prompt or tokens.completion):
             return 0  # nothing consumed costs nothing, priced or not
         sent = trace.attempts[-1].model if trace.attempts else None
-        return self.prices.cost(tokens, sent, trace.model)
+        return self.prices.cost(tokens, sent, trace.model, window=window, tier=trace.service_tier)
 
     def spend_text(self, nanos: int | None) -> str:
         """`x-tokengate-cost`: `0.000123 USD`, or `unknown` for a model without a price."""
@@ -279,7 +296,7 @@ class Pipeline:
                 except ServiceUnavailable as exc:
                     last = exc
                     congested.add(domain.name)
-        raise self._final_error(last, trace)
+        raise self.tiers.refusal(call, self._final_error(last, trace))
 
     def _order(self, call: ClientRequest, candidates: list[Domain]) -> list[Domain]:
         """Best first: the conversation's domain (affinity), else the least wait."""
@@ -295,15 +312,17 @@ class Pipeline:
     ) -> tuple[Reply, Slot]:
         trace.domain = domain.name  # the domain that answers, or the last one that refused
         queued = self.clock()
+        waited = trace.queue_ms / 1000  # the key's line, earlier domains' queues: one budget
+        queue_class, serves_tier = call.queue_class, True
+        if call.service_tier is not None:
+            queue_class, serves_tier, extra = self.tiers.place(call, domain.spec)
+            waited -= extra  # a flex request may wait longer than max_queue_wait_ms
         wait = domain.dispatcher.acquire(
-            call.key.alias,
-            call.queue_class,
-            call.cost(self.default_max_tokens),
-            trace.queue_ms / 1000,  # the key's line, earlier domains' queues: one budget
+            call.key.alias, queue_class, call.cost(self.default_max_tokens), waited
         )
         slot = await (wait if trace.span is None else _traced(trace.span, domain, wait))
         trace.queue_ms += (self.clock() - queued) * 1000
-        body = call.body_for(model)
+        body = call.body_for(model, serves_tier)
         domain.budget.record_request()
         while True:
             try:
@@ -317,6 +336,11 @@ class Pipeline:
                 if failure.reason is not Reason.THROTTLED:
                     slot.release()
                     raise
+                if serves_tier and call.service_tier is not None:
+                    refused = self.tiers.upstream_refused(call, failure)
+                    if refused is not None:  # the upstream has no flex capacity: no cool-down
+                        slot.release()
+                        raise refused from None
                 slot = await self._throttled(domain, slot, failure, trace)
                 continue
             except BaseException:
@@ -493,6 +517,7 @@ class Pipeline:
         trace.model = usage.model or trace.attempts[-1].model
         trace.prompt_tokens, trace.completion_tokens = usage.prompt, usage.completion
         trace.cached_tokens, trace.cache_write_tokens = usage.cached, usage.cache_write
+        trace.service_tier = usage.tier
         if call.endpoint.responses:
             self._responses_answer(call, trace, usage)
         elif not usage.reported:  # a 200 without usage: count what it delivered
@@ -539,6 +564,7 @@ class Pipeline:
                 trace.domain or "-", trace.cached_tokens, trace.cache_write_tokens
             )
         model = trace.model or (trace.attempts[-1].model if trace.attempts else call.model) or "-"
+        window = self._window()
         entry = UsageEntry(
             key=call.key.alias,
             model=model,
@@ -553,8 +579,9 @@ class Pipeline:
             team=call.key.team or "-",
             cache_write_tokens=trace.cache_write_tokens,
             estimated=trace.estimated,
-            cost_nanos=self._priced(call, trace, failed),
+            cost_nanos=self._priced(call, trace, failed, window),
             session=call.session_label,
+            window=window,
         )
         if entry.session != "-":
             periods = self.session_spend.periods_now(call.key.session_budgets)
@@ -563,6 +590,8 @@ class Pipeline:
             )
         self.admission.settle(ticket, entry, dispatched=trace.dispatched)
         self.metrics.record_spend(entry.key, entry.model, entry.cost_nanos)
+        if entry.cost_nanos is None:
+            self.unpriced_seen.add(entry.model)  # spend alerts' `unpriced_model`
         self._log(trace, status, exc, entry)
         return entry
 
@@ -604,6 +633,7 @@ class Pipeline:
             fields["cost"] = None if cost is None else render(cost)
             fields["currency"] = self.prices.currency
             fields["team"] = call_team(usage)
+            fields["window"] = None if usage is None or usage.window == NO_WINDOW else usage.window
             access_log.info("request", extra={"fields": fields})
         if trace.span is not None:
             trace.span.end(trace, status)

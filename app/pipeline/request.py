@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from app.kinds import QueueClass
+from app.kinds import QueueClass, ServiceTier
 from app.pipeline.session import session_key
 from app.runtime import KeySpec
 from app.upstream.websocket import UpstreamSockets
@@ -79,6 +79,7 @@ class ClientRequest:
     priority: QueueClass | None = None  # overrides the key's class (batch items: BATCH)
     session_header: str | None = None  # x-session-id (or Claude Code's own) if sent
     session_label: str = "-"  # the agent session it is accounted under (limits/sessions.py)
+    service_tier: ServiceTier | None = None  # asked for or forced by the key (wire.py)
 
     # Responses API: the only domain that can serve it (it holds `previous_response_id`),
     # and who to tell the id of the response the answer created (id, serving domain),
@@ -138,16 +139,24 @@ class ClientRequest:
             return used or ("max_tokens",)
         return ("max_tokens",)
 
-    def body_for(self, model: str) -> bytes:
-        """The bytes to send upstream for `model`; the client's own when nothing changes."""
+    def body_for(self, model: str, send_tier: bool = True) -> bytes:
+        """The bytes to send upstream for `model`; the client's own when nothing changes.
+        `send_tier`: the domain serves the request's `service_tier` itself, so it carries
+        it (the key's forced tier in place of the asked one); else it has none."""
         inject = self.strip_usage
-        if model == self.body.get("model") and not inject and not self.send_cap:
+        tier = self.service_tier if send_tier else None
+        same_tier = self.body.get("service_tier") == tier
+        if model == self.body.get("model") and not inject and same_tier and not self.send_cap:
             return self.raw
         body = dict(self.body)
         body["model"] = model
         if self.send_cap:
             for name in self._cap_fields():
                 body[name] = self.max_tokens
+        if not same_tier:
+            body.pop("service_tier", None)
+            if tier is not None:
+                body["service_tier"] = tier.value
         if inject:
             opts = body.get("stream_options")
             body["stream_options"] = {

@@ -48,6 +48,7 @@ class Trace:
     cached_tokens: int = 0  # of prompt_tokens, read from the upstream's prompt cache
     cache_write_tokens: int = 0  # of prompt_tokens, written to it
     estimated: bool = False
+    service_tier: str | None = None  # the tier the upstream says served it (priced by it)
     # attempts written to the upstream that got no answer (`AttemptFailed.ambiguous`): it
     # may have read the prompt and billed it, so each is charged the prompt estimate
     unanswered: int = 0
@@ -77,6 +78,7 @@ class Trace:
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
             "usage_estimated": self.estimated,
+            "service_tier": self.service_tier,
             "fallback": self.fallback,
             "attempts": [a.as_dict() for a in self.attempts],
         }

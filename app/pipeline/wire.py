@@ -11,7 +11,8 @@ from typing import Any
 
 import orjson
 
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, PermissionDenied
+from app.kinds import ServiceTier
 from app.limits import estimate
 from app.pipeline.request import (
     CHAT,
@@ -123,6 +124,35 @@ def _responses_input(body: dict[str, Any]) -> int:
     return estimate.responses_prompt_tokens(items, body.get("instructions"), body.get("tools"))
 
 
+_TIERS = {t.value: t for t in ServiceTier}
+
+
+def service_tier(body: dict[str, Any], key: KeySpec) -> ServiceTier | None:
+    """The tier the request is served in: the key's forced one, else the one it asks
+    for if the key may use it (403 otherwise); None: it asks for none."""
+    asked = body.get("service_tier")
+    if asked is None and key.service_tier is None:
+        return None
+    tier = _TIERS.get(asked) if isinstance(asked, str) else None
+    if asked is not None and tier is None:
+        raise InvalidRequest(
+            f"'service_tier' must be one of {', '.join(_TIERS)}",
+            param="service_tier",
+            code="invalid_value",
+        )
+    if key.service_tier is not None:
+        return key.service_tier
+    allowed = key.service_tiers
+    if tier is not None and allowed is not None and tier not in allowed:
+        raise PermissionDenied(
+            f"this key may not use service_tier '{tier}' (allowed: "
+            f"{', '.join(sorted(allowed)) or 'none'})",
+            param="service_tier",
+            code="service_tier_not_allowed",
+        )
+    return tier
+
+
 def parse_call(
     endpoint: Endpoint,
     raw: bytes,
@@ -173,4 +203,5 @@ def parse_call(
         choices=choices,
         client_headers=headers,
         started=started,
+        service_tier=service_tier(body, key),
     )

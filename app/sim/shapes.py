@@ -62,6 +62,13 @@ class Job:
     cache: CacheUse = field(default_factory=CacheUse)
 
     @property
+    def tier(self) -> str:
+        """The `service_tier` it is served in, as OpenAI reports it: the one asked for,
+        `default` for `auto` or none."""
+        asked = self.body.get("service_tier")
+        return asked if asked in ("flex", "priority") else "default"
+
+    @property
     def choices(self) -> int:
         n = self.body.get("n") or 1
         return n if isinstance(n, int) else 1
@@ -106,6 +113,7 @@ class Job:
                 "model": self.model,
                 "choices": choices,
                 "usage": self.usage(),
+                "service_tier": self.tier,
                 "system_fingerprint": "tokengate-sim",
             }
         choices = [
@@ -165,8 +173,16 @@ class Job:
             yield sse(self._chunk(delta, None)), True
 
     def _base(self) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
+        if self.kind != "chat":
+            obj = "text_completion"
+            return {"id": self.ident, "object": obj, "created": self.created, "model": self.model}
+        return {
+            "id": self.ident,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "service_tier": self.tier,
+        }
 
     def _chunk(
         self, delta: dict[str, Any] | None, finish: str | None, first: bool = False
@@ -231,6 +247,8 @@ def build(
     n = body.get("n") or 1
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise bad("'n' must be a positive integer")
+    if body.get("service_tier") not in (None, "auto", "default", "flex", "priority"):
+        raise bad("'service_tier' must be one of auto, default, flex, priority")
     opts = body.get("stream_options")
     include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
     call: ToolCall | None = None

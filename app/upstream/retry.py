@@ -174,3 +174,13 @@ async def call_with_retries(
             return await attempt(state.attempt_number)
         except BaseException as exc:  # tenacity's to judge, cancellation included
             state.set_exception((type(exc), exc, exc.__traceback__))
+
+
+def backoff_delay(failed: int, backoff: float, max_backoff: float) -> float:
+    """The wait after the `failed`-th failed try (1, 2, ...) under the same policy as an
+    upstream retry: exponential with full jitter, `uniform(0, min(max_backoff, backoff *
+    2**(failed-1)))`. For work retried across time (spend alerts' webhooks), whose
+    schedule is kept in the database rather than in a running loop."""
+    state = RetryCallState(Retrying(), None, (), {})
+    state.attempt_number = failed
+    return float(wait_random_exponential(multiplier=backoff, max=max_backoff)(state))

@@ -62,6 +62,7 @@ class SseRelay:
         self._anthropic_input = self._anthropic_output = 0
         self.text = TextCounter()
         self.model: str | None = None
+        self.tier: str | None = None  # the `service_tier` the upstream says served it
         self.saw_content = False
         self.done = False
         self.events = 0
@@ -155,6 +156,8 @@ class SseRelay:
     def _read(self, obj: dict[str, Any]) -> bool:
         if self.model is None and isinstance(obj.get("model"), str):
             self.model = obj["model"]
+            tier = obj.get("service_tier")  # OpenAI says it in every chunk: the first will do
+            self.tier = tier if isinstance(tier, str) else None
         kind = obj.get("type")
         if isinstance(kind, str):
             if kind.startswith("response."):
@@ -236,6 +239,9 @@ class SseRelay:
             self.response_id = response["id"]
         if kind in RESPONSES_TERMINAL:
             self.done = True
+            tier = response.get("service_tier")
+            if isinstance(tier, str):
+                self.tier = tier
             usage = response.get("usage")
             if isinstance(usage, dict):
                 self._take_usage(usage.get("input_tokens"), usage.get("output_tokens"))

@@ -33,6 +33,7 @@ class Usage(NamedTuple):
     cached: int = 0  # prompt tokens served from the upstream's prompt cache
     response_id: str | None = None  # the Responses API's id of the answer
     cache_write: int = 0  # prompt tokens written to it (Anthropic's cache creation)
+    tier: str | None = None  # the `service_tier` the upstream says served the request
 
 
 def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False) -> Usage:
@@ -42,6 +43,12 @@ def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False
         raise _bad("answer is not JSON") from None
     if not isinstance(obj, dict):
         raise _bad("answer is not an object")
+    usage = _usage(obj, anthropic=anthropic, responses=responses)
+    tier = obj.get("service_tier")
+    return usage._replace(tier=tier) if isinstance(tier, str) else usage
+
+
+def _usage(obj: dict[str, Any], *, anthropic: bool, responses: bool) -> Usage:
     usage = obj.get("usage")
     model = obj.get("model") if isinstance(obj.get("model"), str) else None
     if responses:

@@ -195,7 +195,26 @@ function render(s) {
   renderKeys(s.keys);
   renderSessions(s.sessions || []);
   renderErrors(s.errors);
+  renderAudit(s.status.audit || []);
+  renderDeferred(s.status.deferred || []);
   renderReplicas(s.replicas);
+}
+
+function renderDeferred(held) {
+  const rows = held.map((d) =>
+    el("tr", {}, cell(d.batch, "mono"), cell(d.window), cell(d.pending),
+      cell(d.held_since ? clock(d.held_since) : null), cell(d.release_at)),
+  );
+  fill(document.querySelector("#deferred tbody"), rows, "nothing held", 5);
+}
+
+function renderAudit(changes) {
+  const shown = (v) => (v === null || v === undefined ? null : JSON.stringify(v));
+  const rows = changes.map((c) =>
+    el("tr", {}, cell(c.at), cell(c.actor), cell(c.action), cell(c.target, "mono"),
+      cell(shown(c.before), "message"), cell(shown(c.after), "message")),
+  );
+  fill(document.querySelector("#audit tbody"), rows, "no change recorded yet", 6);
 }
 
 function renderHeader(s) {
