@@ -37,6 +37,8 @@ OUTSIDE: dict[str, str] = {
     "TOKENGATE_URL": "`usage --target` default (`http://127.0.0.1:8080`)",
     "TOKENGATE_SIM_API_KEY": "the only key `tokengate sim` accepts (unset: any); "
     "`serve --upstream sim` sends it",
+    "TOKENGATE_ALERTS_SECRET": "the spend-alert webhooks' HMAC-SHA256 secret, read from "
+    "the variable `alerts.secret_env` names (this one by default)",
     "TOKENGATE_CLAUDE_BIN": "tests only: the Claude Code binary the agent tests run",
     "TOKENGATE_BENCH_LITELLM_VENV": "benchmarks only: where LiteLLM is installed",
 }

@@ -115,7 +115,7 @@ async def test_a_flush_whose_commit_was_not_acknowledged_is_not_counted_twice(
 
 async def test_two_writers_add_up_and_a_replayed_sequence_adds_nothing(db: Database) -> None:
     book = UsageBook(db)
-    key: BucketKey = (1_750_000_020, "alice", "m", "-", 200, "-", "-")
+    key: BucketKey = (1_750_000_020, "alice", "m", "-", 200, "-", "-", "-")
     rest = [0] * (len(COUNTERS) - 4)
     assert await book.write("w1", 1, {key: [1, 0, 5, 5, *rest]})
     assert await book.write("w2", 1, {key: [2, 1, 5, 5, *rest]})
