@@ -45,7 +45,7 @@ def secrets_of(runtime: Runtime) -> list[str]:
         target = s.redis.target()
         if target is not None and target.password:
             found.append(target.password)  # the password alone, wherever a message puts it
-    for secret in (s.redis.password, s.redis.sentinel_password):
+    for secret in (s.redis.password, s.redis.sentinel_password, s.metrics.token):
         if secret is not None:
             found.append(secret.get_secret_value())
     if s.database.url is not None:

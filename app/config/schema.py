@@ -31,7 +31,13 @@ from app.config.cluster import (
     TokenSchedulerConfig,
 )
 from app.config.section import DomainName, Money, PositiveInt, Section
-from app.config.serving import ResponsesConfig, ServerConfig, TracingConfig, UiConfig
+from app.config.serving import (
+    MetricsConfig,
+    ResponsesConfig,
+    ServerConfig,
+    TracingConfig,
+    UiConfig,
+)
 from app.config.state import BatchConfig, DatabaseConfig, LedgerConfig, RedisConfig
 
 # The sections live in modules by concern; this is the one place everything imports them
@@ -49,6 +55,7 @@ __all__ = [
     "KeyConfig",
     "LedgerConfig",
     "LoggingConfig",
+    "MetricsConfig",
     "ModelRouteConfig",
     "Money",
     "PositiveInt",
@@ -122,6 +129,7 @@ class Settings(BaseSettings):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
     billing: BillingConfig = Field(default_factory=BillingConfig)
     teams: list[TeamConfig] = Field(
