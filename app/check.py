@@ -33,6 +33,7 @@ import httpx
 from app.billing.prices import PriceList
 from app.config.errors import ConfigError
 from app.config.sources import ConfigFiles, load_settings, secret_environ
+from app.log import Redactor, redacted_url
 from app.preflight import findings
 from app.runtime import Runtime, compile_runtime
 
@@ -48,6 +49,10 @@ class Target:
     model: str | None
     routed: list[str] = field(default_factory=list)
     wait_sec: float = 30.0  # the timeout of each call, said when one runs out
+
+    @property
+    def shown(self) -> str:
+        return redacted_url(self.base)
 
 
 class StepFailed(Exception):
@@ -74,18 +79,18 @@ def diagnose(exc: BaseException, target: Target) -> str:
                 "resolver / egress rules."
             )
         return (
-            f"connection refused or unreachable at {target.base}: is the service up and the "
+            f"connection refused or unreachable at {target.shown}: is the service up and the "
             "port right? Check egress firewall rules from this node."
         )
     if isinstance(exc, httpx.TimeoutException):
         return (
-            f"timeout: no answer from {target.base} within {target.wait_sec:g} s "
+            f"timeout: no answer from {target.shown} within {target.wait_sec:g} s "
             "(token_scheduler.timeout_ms): egress rules, a proxy, or an overloaded upstream. "
             "Raise token_scheduler.timeout_ms only after checking the network."
         )
     if isinstance(exc, httpx.HTTPStatusError):
         return _diagnose_status(exc.response, target)
-    return f"{type(exc).__name__}: {exc}"
+    return Redactor().scrub(f"{type(exc).__name__}: {exc}")  # a URL's userinfo included
 
 
 def _diagnose_status(resp: httpx.Response, target: Target) -> str:
@@ -189,7 +194,7 @@ class Progress:
 
 
 async def _verify(t: Target, wait_sec: float, runtime: Runtime | None) -> bool:
-    _say(f"== {t.name}: {t.base}")
+    _say(f"== {t.name}: {t.shown}")
     headers = {"authorization": f"Bearer {t.key}"}
     steps = 0
     async with httpx.AsyncClient(headers=headers, timeout=wait_sec) as client:
@@ -313,7 +318,7 @@ def run_check(
                 "gateway only"
             )
         else:
-            names = ", ".join(f"{d.name} -> {d.api_base}" for d in runtime.domains)
+            names = ", ".join(f"{d.name} -> {redacted_url(d.api_base)}" for d in runtime.domains)
             _say(f"      ok: {len(runtime.domains)} domain(s): {names}")
             _unpriced(runtime, configured_models(runtime))
     else:

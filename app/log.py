@@ -22,7 +22,10 @@ import orjson
 from app.config.errors import ConfigError, Problem
 from app.config.schema import LoggingConfig
 
-_TOKEN_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{6,}|\b(sk|tg|tk)-[A-Za-z0-9_-]{8,}")
+_TOKEN_SHAPES = re.compile(
+    r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{6,}|\b(sk|tg|tk)-[A-Za-z0-9_-]{8,}"
+    r"|(\b[a-z][a-z0-9+.-]*://)[^\s/\"']+@"  # a URL's userinfo (user:password@)
+)
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 
 
@@ -39,7 +42,7 @@ class Redactor(logging.Filter):
         for secret in self.secrets:
             if secret in text:
                 text = text.replace(secret, "***")
-        return _TOKEN_SHAPES.sub(lambda m: (m.group(1) or "") + "***", text)
+        return _TOKEN_SHAPES.sub(_masked, text)
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = self.scrub(record.getMessage())
@@ -54,6 +57,12 @@ class Redactor(logging.Filter):
 
     def _scrub_value(self, value: object) -> object:
         return self.scrub(value) if isinstance(value, str) else value
+
+
+def _masked(match: re.Match[str]) -> str:
+    if match.group(3):
+        return f"{match.group(3)}***@"
+    return (match.group(1) or "") + "***"
 
 
 class JsonFormatter(logging.Formatter):
@@ -78,13 +87,25 @@ class JsonFormatter(logging.Formatter):
 
 
 def redacted_url(url: str) -> str:
-    """A URL fit for a log line or the banner: any `user:password@` dropped."""
+    """A URL fit for an operator's eyes: the one function every URL shown goes through
+    (banner, logs, `/health/ready`, `/admin/status`, the status page, `check`, errors).
+
+    Userinfo becomes `***@` and each query value `***`. A password with an unencoded
+    `/`, `?`, `#` or `@` makes the authority ambiguous, so everything before the last `@`
+    is treated as userinfo: a path holding `@` loses some of its text on display, but no
+    part of a password is ever shown."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url
-    authority, slash, path = rest.partition("/")
-    host = authority.rpartition("@")[2]
-    return f"{scheme}://{host}{slash}{path}"
+        scheme, rest = "", url
+    at = rest.rfind("@")
+    hidden = at >= 0
+    if hidden:
+        rest = rest[at + 1 :]
+    head, q, query = rest.partition("?")
+    if q:
+        query = "&".join(f"{p.partition('=')[0]}=***" for p in query.split("&"))
+    shown = ("***@" if hidden else "") + head + (f"?{query}" if q else "")
+    return f"{scheme}://{shown}" if sep else shown
 
 
 def output_problem(output: str, source: str) -> Problem | None:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from app.dispatch.dispatcher import Dispatcher
+from app.log import redacted_url
 from app.runtime import DomainSpec
 from app.upstream.breaker import Breaker, BreakerState
 from app.upstream.budget import RetryBudget
@@ -118,7 +119,7 @@ class Domain:
         return {
             "state": self.state(),
             "breaker": self.breaker.state if not self.breaker.is_open else BreakerState.OPEN,
-            "api_base": self.spec.api_base,
+            "api_base": redacted_url(self.spec.api_base),  # shown unauthenticated
             "models": sorted(models) if models is not None else None,
             "queue_depth": len(self.dispatcher.queue),
             "inflight": self.dispatcher.inflight,

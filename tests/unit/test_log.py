@@ -11,7 +11,7 @@ import pytest
 
 from app.config.errors import ConfigError
 from app.config.schema import LoggingConfig
-from app.log import JsonFormatter, Redactor, setup_logging
+from app.log import JsonFormatter, Redactor, redacted_url, setup_logging
 
 
 def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -108,3 +108,24 @@ def test_the_file_handler_writes_redacted_json_lines(tmp_path: Path) -> None:
     out = json.loads(line)
     assert out["msg"] == "calling with ***" and out["domain"] == "d"
     assert out["level"] == "info" and out["logger"] == "tokengate.test"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://api.example.com/v1", "https://api.example.com/v1"),
+        ("http://user:pw@h:8080/api", "http://***@h:8080/api"),
+        ("http://token@h/api", "http://***@h/api"),  # a lone user part can be the secret
+        ("postgresql://gw:pA@pB:pC@db:5432/tg", "postgresql://***@db:5432/tg"),
+        ("http://u:pa/ss@h/p", "http://***@h/p"),  # an unencoded `/` in the password
+        ("https://h/v1?api_key=abc&x=1", "https://h/v1?api_key=***&x=***"),
+        ("user:pw@proxy:3128", "***@proxy:3128"),
+    ],
+)
+def test_one_function_shows_every_url_without_its_credentials(url: str, shown: str) -> None:
+    assert redacted_url(url) == shown
+
+
+def test_a_urls_userinfo_is_scrubbed_from_any_log_line() -> None:
+    text = "probe of http://svc:pw-9Zq@10.0.0.1:9/v1 failed; retry https://h/x"
+    assert Redactor().scrub(text) == "probe of http://***@10.0.0.1:9/v1 failed; retry https://h/x"
