@@ -5,13 +5,16 @@
     ├── AuthenticationFailed      401     authentication_error / invalid_api_key
     │   └── KeyExpired            401     authentication_error / expired_api_key
     ├── PermissionDenied          403     permission_error / model_not_allowed
-    │   └── ModelNotPriced        403     permission_error / model_not_priced
+    │   ├── ModelNotPriced        403     permission_error / model_not_priced
+    │   └── BrowserRefused        403     permission_error / origin_not_allowed |
+    │                                      host_not_allowed (a web page's request)
     ├── NotFound                  404     invalid_request_error / not_found
     │   └── ModelNotFound         404     invalid_request_error / model_not_found
     ├── MethodNotAllowed          405     invalid_request_error / method_not_allowed
     ├── Conflict                  409     invalid_request_error / (not_shared)
     ├── UpgradeRequired           426     invalid_request_error / websocket_not_served
     ├── PayloadTooLarge           413     invalid_request_error / request_too_large
+    ├── UnsupportedMediaType      415     invalid_request_error / unsupported_content_type
     ├── HeadersTooLarge           431     invalid_request_error / headers_too_large
     ├── RateLimited               429     rate_limit_error / rate_limit_exceeded
     ├── UpstreamQuotaExhausted    429     insufficient_quota (the upstream balance is empty)
@@ -124,6 +127,13 @@ class ModelNotPriced(PermissionDenied):
     code = "model_not_priced"
 
 
+class BrowserRefused(PermissionDenied):
+    """A request only a browser sends: a web page on an origin the operator did not list
+    (`server.allowed_origins`), or a `Host` that is not the gateway's (DNS rebinding)."""
+
+    code = "origin_not_allowed"
+
+
 class NotFound(GatewayError):
     permanent = True
     status = 404
@@ -171,6 +181,16 @@ class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    """A body sent as a CORS-simple type (text/plain, form-encoded, multipart) to a JSON
+    route: what a web page can send cross-origin without asking first."""
+
+    permanent = True
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_type"
 
 
 class HeadersTooLarge(GatewayError):
