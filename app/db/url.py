@@ -63,8 +63,10 @@ def where(url: URL) -> str:
     """The database as shown to operators: no password, ever."""
     if url.get_backend_name() == "sqlite":
         return f"sqlite:{url.database}"
-    shown: str = url.set(drivername="postgresql", query={}).render_as_string(hide_password=True)
-    return shown
+    from app.log import redacted_url  # the one redaction of every URL shown
+
+    plain = url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
+    return redacted_url(plain)
 
 
 def url_secrets(raw: str) -> list[str]:

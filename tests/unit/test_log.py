@@ -114,12 +114,13 @@ def test_the_file_handler_writes_redacted_json_lines(tmp_path: Path) -> None:
     ("url", "shown"),
     [
         ("https://api.example.com/v1", "https://api.example.com/v1"),
-        ("http://user:pw@h:8080/api", "http://***@h:8080/api"),
+        ("http://user:pw@h:8080/api", "http://user:***@h:8080/api"),
         ("http://token@h/api", "http://***@h/api"),  # a lone user part can be the secret
-        ("postgresql://gw:pA@pB:pC@db:5432/tg", "postgresql://***@db:5432/tg"),
-        ("http://u:pa/ss@h/p", "http://***@h/p"),  # an unencoded `/` in the password
+        ("postgresql://gw:pA@pB:pC@db:5432/tg", "postgresql://gw:***@db:5432/tg"),
+        ("http://u:pa/ss@h/p", "http://u:***@h/p"),  # an unencoded `/` in the password
+        ("http://h/a@b:c@d/p", "http://***@d/p"),  # ambiguous: nothing before `@` shown
         ("https://h/v1?api_key=abc&x=1", "https://h/v1?api_key=***&x=***"),
-        ("user:pw@proxy:3128", "***@proxy:3128"),
+        ("user:pw@proxy:3128", "user:***@proxy:3128"),
     ],
 )
 def test_one_function_shows_every_url_without_its_credentials(url: str, shown: str) -> None:
