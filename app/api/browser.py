@@ -51,6 +51,9 @@ _WATCHED = {
 _SIMPLE_TYPES = frozenset(
     {b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"}
 )
+_JSON_TYPES = frozenset(
+    {b"application/json", b"application/json; charset=utf-8", b"application/json;charset=utf-8"}
+)
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 _NOT_JSON = frozenset({"/v1/files"})  # multipart uploads
 _LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -81,6 +84,14 @@ class BrowserGuard:
             if slot is not None:
                 seen[slot] = value
         origin = seen[_ORIGIN]
+        if (
+            origin is None
+            and seen[_FETCH] is None
+            and not self.open_gateway
+            and (seen[_TYPE] is None or seen[_TYPE] in _JSON_TYPES)
+        ):  # an SDK or curl: the fast path, nothing to check
+            await self.app(scope, receive, send)
+            return
         if origin is not None and origin.lower() in self.origins:
             await self._cors(origin, scope, receive, send, seen[_PREFLIGHT] is not None)
             return
