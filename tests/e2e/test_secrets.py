@@ -57,7 +57,6 @@ def test_a_bearer_with_nothing_after_it_authenticates_nowhere(sim: Sim, make_gat
     )
     gw = make_gateway(spec, sim.url)
     for blank in ("Bearer ", "Bearer", "Bearer    ", "bearer \t"):
-        headers = {"authorization": blank}
         for path in (
             "/admin/status",
             "/admin/usage",
@@ -65,9 +64,9 @@ def test_a_bearer_with_nothing_after_it_authenticates_nowhere(sim: Sim, make_gat
             "/metrics",
             "/v1/models",
         ):
-            r = httpx.get(f"{gw.url}{path}", headers=headers)
-            assert r.status_code == 401, (path, blank, r.status_code)
-            assert r.json()["error"]["type"] == "authentication_error"
+            status, body = raw_get(gw.port, path, f"authorization: {blank}")
+            assert status == 401, (path, blank, status)
+            assert json.loads(body)["error"]["type"] == "authentication_error"
     ok = {"authorization": f"Bearer {ADMIN}"}
     assert httpx.get(f"{gw.url}/admin/status", headers=ok).status_code == 200
 
