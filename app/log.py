@@ -22,10 +22,7 @@ import orjson
 from app.config.errors import ConfigError, Problem
 from app.config.schema import LoggingConfig
 
-_TOKEN_SHAPES = re.compile(
-    r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{6,}|\b(sk|tg|tk)-[A-Za-z0-9_-]{8,}"
-    r"|(\b[a-z][a-z0-9+.-]*://)[^\s/\"']+@"  # a URL's userinfo (user:password@)
-)
+_TOKEN_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{6,}|\b(sk|tg|tk)-[A-Za-z0-9_-]{8,}")
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 
 
@@ -42,7 +39,7 @@ class Redactor(logging.Filter):
         for secret in self.secrets:
             if secret in text:
                 text = text.replace(secret, "***")
-        return _TOKEN_SHAPES.sub(_masked, text)
+        return _TOKEN_SHAPES.sub(lambda m: (m.group(1) or "") + "***", text)
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = self.scrub(record.getMessage())
@@ -57,12 +54,6 @@ class Redactor(logging.Filter):
 
     def _scrub_value(self, value: object) -> object:
         return self.scrub(value) if isinstance(value, str) else value
-
-
-def _masked(match: re.Match[str]) -> str:
-    if match.group(3):
-        return f"{match.group(3)}***@"
-    return (match.group(1) or "") + "***"
 
 
 class JsonFormatter(logging.Formatter):

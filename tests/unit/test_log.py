@@ -127,6 +127,12 @@ def test_one_function_shows_every_url_without_its_credentials(url: str, shown: s
     assert redacted_url(url) == shown
 
 
-def test_a_urls_userinfo_is_scrubbed_from_any_log_line() -> None:
-    text = "probe of http://svc:pw-9Zq@10.0.0.1:9/v1 failed; retry https://h/x"
-    assert Redactor().scrub(text) == "probe of http://***@10.0.0.1:9/v1 failed; retry https://h/x"
+def test_an_upstream_urls_credentials_are_registered_with_the_redactor() -> None:
+    from app.bootstrap import userinfo
+
+    assert userinfo("http://svc:pw-9Zq@10.0.0.1:9/v1") == "svc:pw-9Zq"
+    assert userinfo("https://gw:a@b:c@h/x") == "gw:a@b:c"  # an unencoded `@` in it too
+    scrubbed = Redactor([userinfo("http://svc:pw-9Zq@10.0.0.1:9")]).scrub(
+        "probe of http://svc:pw-9Zq@10.0.0.1:9/v1/models failed"
+    )
+    assert scrubbed == "probe of http://***@10.0.0.1:9/v1/models failed"
