@@ -111,8 +111,9 @@ _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 def inert(cell: str) -> str:
     """OWASP's CSV-injection defence: a cell starting with `=`, `+`, `-`, `@`, a tab or a
     carriage return gets a leading `'`, so a spreadsheet shows it as text instead of
-    evaluating it (model names come from clients and upstreams)."""
-    return f"'{cell}" if cell.startswith(_FORMULA_STARTS) else cell
+    evaluating it (model names come from clients and upstreams). The ledger's own `-`
+    ("no team", "no domain") stays as it is: alone it is no formula."""
+    return f"'{cell}" if cell.startswith(_FORMULA_STARTS) and cell != "-" else cell
 
 
 def build(
