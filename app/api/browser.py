@@ -110,8 +110,9 @@ class BrowserGuard:
         suspect = browser or (self.open_gateway and _loopback(scope))
         if host is not None and suspect and not self._ours(host, scope):
             return BrowserRefused(
-                f"Host {_shown(host)!r} is not this gateway's name (DNS rebinding?): {_FIX}, "
-                "or by a localhost name or the address it listens on",
+                f"Host {_shown(host)!r} is not a name of this gateway (DNS rebinding?): reach "
+                "it by a localhost name or the address it listens on, or list the page's "
+                "origin in server.allowed_origins (TOKENGATE_SERVER__ALLOWED_ORIGINS)",
                 code="host_not_allowed",
             )
         if origin is not None and (
