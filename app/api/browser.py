@@ -24,8 +24,10 @@ Responses WebSocket handshake included:
 
 SDKs and curl send no `Origin` and a `Host` naming the address they dialled: untouched.
 A listed origin gets CORS headers, so a page there can call the API (preflight
-answered here). Cost per request: one pass over the headers with a dict lookup each,
-set lookups, no regex, no allocation beyond the header values already in the scope.
+answered here). Cost: a request with neither `Origin` nor `Sec-Fetch-Site` and a JSON
+(or no) content type (every SDK request) costs one set lookup per header, no regex, no
+allocation; any other (and every request with `--no-auth`) one more pass with a dict
+lookup per header, then set lookups.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ _WATCHED = {
     b"sec-fetch-site": _FETCH,
     b"access-control-request-method": _PREFLIGHT,
 }
+_SIGNALS = frozenset({b"origin", b"sec-fetch-site", b"content-type"})
 _SIMPLE_TYPES = frozenset(
     {b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"}
 )
@@ -78,20 +81,23 @@ class BrowserGuard:
         if kind != "http" and kind != "websocket":
             await self.app(scope, receive, send)
             return
+        if not self.open_gateway:
+            # The fast path of SDKs and curl: no browser header, a JSON (or no) body type.
+            for name, value in scope["headers"]:
+                if name in _SIGNALS and (name != b"content-type" or value not in _JSON_TYPES):
+                    break
+            else:
+                await self.app(scope, receive, send)
+                return
+        await self._checked(kind, scope, receive, send)
+
+    async def _checked(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
         seen: list[bytes | None] = [None, None, None, None, None]
         for name, value in scope["headers"]:
             slot = _WATCHED.get(name)
             if slot is not None:
                 seen[slot] = value
         origin = seen[_ORIGIN]
-        if (
-            origin is None
-            and seen[_FETCH] is None
-            and not self.open_gateway
-            and (seen[_TYPE] is None or seen[_TYPE] in _JSON_TYPES)
-        ):  # an SDK or curl: the fast path, nothing to check
-            await self.app(scope, receive, send)
-            return
         if origin is not None and origin.lower() in self.origins:
             await self._cors(origin, scope, receive, send, seen[_PREFLIGHT] is not None)
             return
