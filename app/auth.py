@@ -55,6 +55,15 @@ class KeyIndex:
         return spec
 
 
+def bearer_matches(header: str | None, secret: str) -> bool:
+    """`Authorization: Bearer <secret>`, compared in constant time. Nothing after
+    `Bearer` never matches, whatever `secret` is (config refuses a blank one anyway)."""
+    presented = _bearer(header)
+    return bool(presented and secret) and hmac.compare_digest(
+        presented.encode("utf-8"), secret.encode("utf-8")
+    )
+
+
 def _bearer(header: str | None) -> str:
     if not header:
         return ""

@@ -36,6 +36,8 @@ def load_runtime(
 def secrets_of(runtime: Runtime) -> list[str]:
     s = runtime.settings
     found = [d.api_key.get_secret_value() for d in runtime.domains]
+    # an upstream URL's userinfo (`user:password@`): a log line may quote the URL whole
+    found += [userinfo(d.api_base) for d in runtime.domains if "@" in d.api_base]
     if s.admin_key is not None:
         found.append(s.admin_key.get_secret_value())
     if s.api_key is not None:
@@ -45,7 +47,7 @@ def secrets_of(runtime: Runtime) -> list[str]:
         target = s.redis.target()
         if target is not None and target.password:
             found.append(target.password)  # the password alone, wherever a message puts it
-    for secret in (s.redis.password, s.redis.sentinel_password):
+    for secret in (s.redis.password, s.redis.sentinel_password, s.metrics.token):
         if secret is not None:
             found.append(secret.get_secret_value())
     if s.database.url is not None:
@@ -56,6 +58,12 @@ def secrets_of(runtime: Runtime) -> list[str]:
         raw = s.tracing.headers.get_secret_value()
         found += [raw, *(v.partition("=")[2].strip() for v in raw.split(","))]
     return found
+
+
+def userinfo(url: str) -> str:
+    """What stands before a URL's last `@` (after its scheme): the credentials part."""
+    rest = url.partition("://")[2] or url
+    return rest[: rest.rfind("@")]
 
 
 def reload_runtime(current: Runtime) -> Runtime:

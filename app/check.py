@@ -35,7 +35,7 @@ from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.config.sources import PLACEHOLDER, ConfigFiles, load_settings, secret_environ
 from app.config.variables import warnings
-from app.log import redacted_url
+from app.log import Redactor, redacted_url
 from app.preflight import findings
 from app.runtime import Runtime, compile_runtime
 from app.upstream import cause
@@ -52,6 +52,10 @@ class Target:
     model: str | None
     routed: list[str] = field(default_factory=list)
     wait_sec: float = 30.0  # the timeout of each call, said when one runs out
+
+    @property
+    def shown(self) -> str:
+        return redacted_url(self.base)
 
 
 class StepFailed(Exception):
@@ -76,7 +80,7 @@ def diagnose(exc: BaseException, target: Target) -> str:
         )
     if isinstance(exc, httpx.HTTPStatusError):
         return _diagnose_status(exc.response, target)
-    return f"{type(exc).__name__}: {exc}"
+    return Redactor().scrub(f"{type(exc).__name__}: {exc}")  # a URL's userinfo included
 
 
 def _lower(text: str) -> str:
@@ -171,7 +175,7 @@ class Progress:
 
 
 async def _verify(t: Target, wait_sec: float, runtime: Runtime | None) -> bool:
-    _say(f"== {t.name}: {t.base}")
+    _say(f"== {t.name}: {t.shown}")
     headers = {"authorization": f"Bearer {t.key}"}
     steps = 0
     async with httpx.AsyncClient(headers=headers, timeout=wait_sec) as client:
@@ -321,7 +325,7 @@ def run_check(
                 "gateway only"
             )
         else:
-            names = ", ".join(f"{d.name} -> {d.api_base}" for d in runtime.domains)
+            names = ", ".join(f"{d.name} -> {redacted_url(d.api_base)}" for d in runtime.domains)
             _say(f"      ok: {len(runtime.domains)} domain(s): {names}")
             _unpriced(runtime, configured_models(runtime))
             _windows(runtime, time.time())

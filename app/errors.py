@@ -5,7 +5,9 @@
     ├── AuthenticationFailed      401     authentication_error / invalid_api_key
     │   └── KeyExpired            401     authentication_error / expired_api_key
     ├── PermissionDenied          403     permission_error / model_not_allowed
-    │   └── ModelNotPriced        403     permission_error / model_not_priced
+    │   ├── ModelNotPriced        403     permission_error / model_not_priced
+    │   └── BrowserRefused        403     permission_error / origin_not_allowed |
+    │                                      host_not_allowed (a web page's request)
     ├── NotFound                  404     invalid_request_error / not_found
     │   └── ModelNotFound         404     invalid_request_error / model_not_found
     ├── MethodNotAllowed          405     invalid_request_error / method_not_allowed
@@ -125,6 +127,13 @@ class ModelNotPriced(PermissionDenied):
     code = "model_not_priced"
 
 
+class BrowserRefused(PermissionDenied):
+    """A request only a browser sends: a web page on an origin the operator did not list
+    (`server.allowed_origins`), or a `Host` that is not the gateway's (DNS rebinding)."""
+
+    code = "origin_not_allowed"
+
+
 class NotFound(GatewayError):
     permanent = True
     status = 404
@@ -175,7 +184,9 @@ class PayloadTooLarge(GatewayError):
 
 
 class UnsupportedMediaType(GatewayError):
-    """An admin body sent as something else than JSON (a form, text, XML)."""
+    """A body sent as something else than JSON: an admin body as a form, text or XML, or
+    a CORS-simple type (text/plain, form-encoded, multipart) on a JSON route, which is what
+    a web page can send cross-origin without asking first."""
 
     permanent = True
     status = 415

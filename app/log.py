@@ -78,13 +78,30 @@ class JsonFormatter(logging.Formatter):
 
 
 def redacted_url(url: str) -> str:
-    """A URL fit for a log line or the banner: any `user:password@` dropped."""
+    """A URL fit for an operator's eyes: the one function every URL shown goes through
+    (banner, logs, `/health/ready`, `/admin/status`, the status page, `check`, the
+    database's name in errors).
+
+    The password becomes `***` (`user:***@`), a userinfo without one (which may be a
+    token) `***@`, and each query value `***`. A password with an unencoded `/`, `?`,
+    `#` or `@` makes the authority ambiguous, so everything before the last `@` is
+    userinfo and everything after its first `:` password: a path holding `@` loses some
+    of its text on display, but no part of a password is ever shown."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url
-    authority, slash, path = rest.partition("/")
-    host = authority.rpartition("@")[2]
-    return f"{scheme}://{host}{slash}{path}"
+        scheme, rest = "", url
+    at = rest.rfind("@")
+    shown = ""
+    if at >= 0:
+        user, colon, _ = rest[:at].partition(":")
+        safe = colon and user and not any(c in user for c in "/?#@")
+        shown = f"{user}:***@" if safe else "***@"
+        rest = rest[at + 1 :]
+    head, q, query = rest.partition("?")
+    if q:
+        query = "&".join(f"{p.partition('=')[0]}=***" for p in query.split("&"))
+    shown += head + (f"?{query}" if q else "")
+    return f"{scheme}://{shown}" if sep else shown
 
 
 def output_problem(output: str, source: str) -> Problem | None:

@@ -29,6 +29,7 @@ from app.api import (
     ui,
 )
 from app.api.access import AccessRecorder
+from app.api.browser import BrowserGuard
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
@@ -109,7 +110,11 @@ def create_app(
     front = EdgeRoutes(app, gateway)
     server = runtime.settings.server
     return RequestContext(
-        CancelOnDisconnect(front),
+        BrowserGuard(
+            CancelOnDisconnect(front),
+            server.allowed_origins,
+            open_gateway=not runtime.auth_enabled,
+        ),
         draining=lambda: gateway.draining,
         max_header_bytes=server.max_header_bytes,
         max_headers=server.max_headers,

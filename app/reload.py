@@ -53,6 +53,7 @@ LIVE = (
     "breaker.open_sec",
     "keys",
     "admin_key",
+    "metrics.token",
     "model_aliases",
     "server.max_body_bytes",
     "server.websocket_idle_timeout_sec",

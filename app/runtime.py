@@ -217,7 +217,7 @@ def _domains(
                 Problem(
                     f"environment variable {var}",
                     f"{where}.api_key_env",
-                    f"domain {entry.domain!r} has no upstream key: {var} is not set",
+                    f"domain {entry.domain!r} has no upstream key: {var} is not set or is empty",
                     f"export {var}=... (containers must pass it explicitly)",
                 )
             )
@@ -247,13 +247,14 @@ def _domains(
 def _upstream_key(
     settings: Settings, entry: ScaleUpConfig, environ: Mapping[str, str]
 ) -> SecretStr | None:
+    # Blank counts as unset: a variable holding only whitespace is an operator's slip.
     if entry.api_key_env:
-        value = environ.get(entry.api_key_env)
-        return SecretStr(value) if value else None
-    if settings.api_key is not None and settings.api_key.get_secret_value():
+        value = environ.get(entry.api_key_env, "")
+        return SecretStr(value) if value.strip() else None
+    if settings.api_key is not None and settings.api_key.get_secret_value().strip():
         return settings.api_key
-    value = environ.get(settings.token_scheduler.api_key_env)
-    return SecretStr(value) if value else None
+    value = environ.get(settings.token_scheduler.api_key_env, "")
+    return SecretStr(value) if value.strip() else None
 
 
 def _base_url(url: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
@@ -13,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api import views
 from app.api.deps import GatewayDep
 from app.api.json_body import read_model
+from app.auth import bearer_matches
 from app.billing.periods import Calendar
 from app.billing.report import QUARTER, Granularity, Report, build
 from app.db.engine import DatabaseUnavailable
@@ -29,11 +29,7 @@ async def _admin(request: Request, gateway: GatewayDep) -> Gateway:
     key = gateway.runtime.settings.admin_key
     if key is None:
         raise NotFound("admin API disabled: set TOKENGATE_ADMIN_KEY to enable it")
-    header = request.headers.get("authorization", "")
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        presented.strip().encode(), key.get_secret_value().encode()
-    ):
+    if not bearer_matches(request.headers.get("authorization"), key.get_secret_value()):
         raise AuthenticationFailed("admin key required: `Authorization: Bearer <admin key>`")
     request.state.admin_name = ADMIN_NAME
     return gateway

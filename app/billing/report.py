@@ -86,9 +86,10 @@ class Report:
         return out
 
     def csv(self) -> str:
-        """One line per row, then a `total` line; cost as an exact decimal."""
+        """One line per row, then a `total` line; cost as an exact decimal. Every cell is
+        quoted, and a text cell a spreadsheet would read as a formula is made inert."""
         buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
+        writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_ALL)
         lead = (["period"] if self.granularity else []) + list(self.group_by)
         writer.writerow([*lead, *COUNTS, "estimated_share", "cost", "currency"])
         for line in [*self.lines, self.total]:
@@ -97,11 +98,22 @@ class Report:
             else:
                 when = self.calendar.describe(line.period) or ""
                 head = [when] if self.granularity else []
-                head += ["" if v is None else str(v) for v in line.group]
+                head += ["" if v is None else inert(str(v)) for v in line.group]
             share = _share(line.counts["estimated_requests"], line.counts["requests"])
             cost = render(line.cost_nanos) if line.cost_known else "unknown"
             writer.writerow([*head, *line.counts.values(), share, cost, self.currency])
         return buf.getvalue()
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def inert(cell: str) -> str:
+    """OWASP's CSV-injection defence: a cell starting with `=`, `+`, `-`, `@`, a tab or a
+    carriage return gets a leading `'`, so a spreadsheet shows it as text instead of
+    evaluating it (model names come from clients and upstreams). The ledger's own `-`
+    ("no team", "no domain") stays as it is: alone it is no formula."""
+    return f"'{cell}" if cell.startswith(_FORMULA_STARTS) and cell != "-" else cell
 
 
 def build(

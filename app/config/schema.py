@@ -33,7 +33,13 @@ from app.config.cluster import (
     TokenSchedulerConfig,
 )
 from app.config.section import DomainName, Money, PositiveInt, Section
-from app.config.serving import ResponsesConfig, ServerConfig, TracingConfig, UiConfig
+from app.config.serving import (
+    MetricsConfig,
+    ResponsesConfig,
+    ServerConfig,
+    TracingConfig,
+    UiConfig,
+)
 from app.config.state import (
     AuditConfig,
     BatchConfig,
@@ -59,6 +65,7 @@ __all__ = [
     "KeyConfig",
     "LedgerConfig",
     "LoggingConfig",
+    "MetricsConfig",
     "ModelRouteConfig",
     "Money",
     "PositiveInt",
@@ -136,6 +143,7 @@ class Settings(BaseSettings):
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
     billing: BillingConfig = Field(default_factory=BillingConfig)
     teams: list[TeamConfig] = Field(

@@ -1,11 +1,12 @@
-"""How the gateway serves: request limits, drain, the status page, the Responses API's
-WebSocket mode and its memory, and tracing."""
+"""How the gateway serves: request limits, browser origins, drain, the status page, the
+Responses API's WebSocket mode and its memory, the metrics scrape, and tracing."""
 
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from app.config.section import PositiveInt, Section
 
@@ -43,10 +44,43 @@ class ServerConfig(Section):
         "process (a key's `max_websockets` overrides it; without Redis, each of N workers "
         "allows 1/N); one more is refused with 429 `websocket_connection_limit_reached`.",
     )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Web origins (`scheme://host[:port]`, e.g. `https://chat.example.com`) "
+        "whose pages may call the gateway from a browser, WebSocket included. Anything else "
+        "sent by a browser (a foreign `Origin`, or a `Host` other than the gateway's own "
+        "address, a localhost name or one of these origins' hosts) gets 403: SDKs and curl "
+        "send no `Origin` and are not affected. `TOKENGATE_SERVER__ALLOWED_ORIGINS` takes a "
+        "JSON list: `'[\"https://chat.example.com\"]'`.",
+    )
     upstream_client: Literal["aiohttp", "native", "httpx"] = Field(
         "aiohttp",
         description="Upstream HTTP client: always aiohttp. `native` and `httpx` (clients of "
         "earlier versions) still load, as aliases of `aiohttp`, with a warning at start.",
+    )
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        return [_origin(v) for v in value]
+
+
+def _origin(value: str) -> str:
+    """An origin as browsers send it: lower case, no path, no default-port quirks kept."""
+    parts = urlsplit(value.strip().lower())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an origin: write scheme://host[:port]")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"{value!r} is not an origin: no path, query or credentials")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+class MetricsConfig(Section):
+    token: SecretStr | None = Field(
+        None,
+        description="Scrape token for `/metrics`: set, a scrape must send `Authorization: "
+        "Bearer <token>` (Prometheus' `authorization` block) or gets 401. Unset: `/metrics` "
+        "is open to whoever reaches the port (keep it on a private network).",
     )
 
 

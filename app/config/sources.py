@@ -35,6 +35,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from app.config.blank import blank_secrets
 from app.config.errors import ConfigError, Problem
 from app.config.schema import Settings
 
@@ -124,13 +125,13 @@ def _expand(value: Any, path: tuple[str | int, ...], file: Path, env: Mapping[st
 
 def _lookup(name: str, path: tuple[str | int, ...], file: Path, env: Mapping[str, str]) -> str:
     found = env.get(name)
-    if found is None or found == "":
+    if found is None or not found.strip():
         raise ConfigError(
             [
                 Problem(
                     origin=str(file),
                     field=_dotted(path),
-                    message=f"environment variable {name} is not set",
+                    message=f"environment variable {name} is not set or is empty",
                     fix=f"export {name}=... in the gateway's environment (containers must "
                     "pass it explicitly, e.g. `docker run -e " + name + "`)",
                 )
@@ -205,7 +206,20 @@ def load_settings(files: ConfigFiles, environ: Mapping[str, str] | None = None) 
         raise ConfigError(
             [Problem("config files", "-", f"not UTF-8: {exc}", "save as UTF-8")]
         ) from None
+    blank = blank_secrets(settings, lambda loc: _secret_origin(loc, files))
+    if blank:
+        raise ConfigError(blank)
     return settings
+
+
+def _secret_origin(loc: tuple[str | int, ...], files: ConfigFiles) -> str:
+    """Where a secret was set, by the name the operator used (a shorthand included)."""
+    env = {k.upper() for k in os.environ}
+    full = ENV_PREFIX + "__".join(str(p) for p in loc).upper()
+    for short, long in _SHORTHANDS.items():
+        if long == full and short in env and full not in env:
+            return f"environment variable {short}"
+    return _Origins(files).of(loc)
 
 
 def _bind(files: ConfigFiles, environ: Mapping[str, str] | None) -> type[Settings]:

@@ -24,6 +24,7 @@ from app.db import migrate
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.errors import DatabaseProblem
 from app.db.owners import ResponseOwners
+from app.db.private import private_file
 from app.db.usage import UsageBook
 
 
@@ -126,7 +127,7 @@ def _sqlite_backup(db: Database, source: Path, target: Path) -> int:
     if target.exists():
         print(f"tokengate: {target} exists; name a new file", file=sys.stderr)
         return 1
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_file(target)  # 0600 in a 0700 directory, before a byte is copied
     src = sqlite3.connect(source)
     dst = sqlite3.connect(target)
     try:
@@ -158,6 +159,7 @@ def _pg_dump(db: Database, target: Path) -> int:
             file=sys.stderr,
         )
         return 1
+    private_file(target)  # pg_dump truncates it and keeps its mode
     env = dict(os.environ)
     if url.password is not None:
         env["PGPASSWORD"] = str(url.password)  # the environment, never argv

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import os
 import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.config.schema import DatabaseConfig
+from app.db.private import open_private, private_file
 from app.db.url import database_url, where
 
 log = logging.getLogger("tokengate.db")
@@ -149,7 +151,8 @@ class Database:
 
 
 def _sqlite_engine(url: Any, cfg: DatabaseConfig) -> AsyncEngine:
-    Path(str(url.database)).parent.mkdir(parents=True, exist_ok=True)
+    # 0600 in a 0700 directory before SQLite opens it: its -wal and -shm copy the mode
+    private_file(Path(str(url.database)), tighten=True)
     engine = create_async_engine(url, connect_args={"timeout": cfg.statement_timeout_sec})
     busy_ms = int(cfg.statement_timeout_sec * 1000)
 
@@ -204,8 +207,7 @@ async def _file_lock(path: Path) -> AsyncIterator[None]:
 
 
 def _open_lock(path: Path) -> Any:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "a")
+    return os.fdopen(open_private(path), "a")
 
 
 def _reason(exc: BaseException) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
 
 from app.config.errors import ConfigError, Problem
 from app.config.schema import DatabaseConfig
@@ -28,11 +27,24 @@ def database_url(cfg: DatabaseConfig) -> URL:
     return postgres_url(cfg.url.get_secret_value())
 
 
+_UNPARSED = (
+    "can not be parsed (the value is not shown: it may hold the password)",
+    "write postgresql://USER:PASSWORD@HOST:5432/DBNAME with every `@`, `:`, `/`, `?`, `#` "
+    "or `%` of the user and password percent-encoded (`@` is %40, `:` is %3A), or give the "
+    "password apart as PGPASSWORD",
+)
+
+
 def postgres_url(raw: str) -> URL:
+    # SQLAlchemy's own errors quote the URL (a ValueError for a bad port prints what it
+    # took for the port: the tail of a password with an unencoded `@` or `:`), so none
+    # of them is passed on, and a host holding `@` is the same mistake read differently.
     try:
         url = make_url(raw)
-    except ArgumentError:
-        raise _bad("not a database URL", "postgresql://USER:PASSWORD@HOST:5432/DBNAME") from None
+    except Exception:
+        raise _bad(*_UNPARSED) from None
+    if url.host is not None and any(c in url.host for c in "@/?#[] "):
+        raise _bad(*_UNPARSED)
     if url.drivername not in _POSTGRES:
         raise _bad(
             f"scheme {url.drivername!r} is not supported",
@@ -51,8 +63,10 @@ def where(url: URL) -> str:
     """The database as shown to operators: no password, ever."""
     if url.get_backend_name() == "sqlite":
         return f"sqlite:{url.database}"
-    shown: str = url.set(drivername="postgresql", query={}).render_as_string(hide_password=True)
-    return shown
+    from app.log import redacted_url  # the one redaction of every URL shown
+
+    plain = url.set(drivername="postgresql", query={}).render_as_string(hide_password=False)
+    return redacted_url(plain)
 
 
 def url_secrets(raw: str) -> list[str]:
@@ -60,7 +74,7 @@ def url_secrets(raw: str) -> list[str]:
     found = [raw]
     try:
         password = make_url(raw).password
-    except ArgumentError:
+    except Exception:  # unparsable: `serve` stops on it before anything is logged
         return found
     if password:
         found.append(str(password))

@@ -144,7 +144,7 @@ class Domain:
         return {
             "state": self.state(),
             "breaker": self.breaker.state if not self.breaker.is_open else BreakerState.OPEN,
-            "api_base": redacted_url(self.spec.api_base),
+            "api_base": redacted_url(self.spec.api_base),  # shown unauthenticated
             "models": sorted(models) if models is not None else None,
             "queue_depth": len(self.dispatcher.queue),
             "inflight": self.dispatcher.inflight,

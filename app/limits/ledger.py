@@ -40,6 +40,7 @@ from app.billing.budgets import Amount, SpendKey
 from app.billing.periods import Calendar
 from app.config.schema import LedgerConfig
 from app.db.engine import DatabaseUnavailable
+from app.db.private import private_dir, write_private
 from app.db.tables import COUNTERS, DIMENSIONS
 from app.db.usage import BucketKey, UsageBook, UsageQuery
 
@@ -293,9 +294,9 @@ class Ledger:
         folder = Path(self.cfg.spill_dir)
         path = folder / f"ledger-spill-{self.writer.replace(':', '-').replace('/', '-')}.json"
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            private_dir(folder)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc))
+            write_private(tmp, json.dumps(doc))
             os.replace(tmp, path)
         except OSError as exc:
             log.error("ledger spill file %s could not be written: %r", path, exc)

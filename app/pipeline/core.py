@@ -146,10 +146,11 @@ class Pipeline:
     async def handle(self, call: ClientRequest) -> Answer:
         trace = self._trace(call)
         if self.tracer is not None:
+            model = call.model or self.runtime.default_model
             trace.span = self.tracer.request(
                 call.endpoint.name,
                 call.endpoint.path,
-                call.model or self.runtime.default_model,
+                self.metrics.model_label(model) if model else None,  # bounded: served or `other`
                 call.request_id,
                 call.max_tokens,
                 call.stream,

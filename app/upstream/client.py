@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from app.log import redacted_url
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.betas import HeaderPolicies
@@ -328,6 +329,6 @@ def _log_route(base: str, route: ProxyRoute | None, proxies: Proxies) -> None:
     if route is not None:
         how = "CONNECT tunnel" if base.startswith("https:") else "absolute-form requests"
         auth = ", with Proxy-Authorization" if route.authorization else ""
-        log.info("upstream %s: via proxy %s (%s%s)", base, route.shown, how, auth)
+        log.info("upstream %s: via proxy %s (%s%s)", redacted_url(base), route.shown, how, auth)
     elif any(k.lower() in ("http_proxy", "https_proxy") for k in proxies.env):
-        log.info("upstream %s: direct (NO_PROXY, or no proxy for its scheme)", base)
+        log.info("upstream %s: direct (NO_PROXY, or no proxy for its scheme)", redacted_url(base))

@@ -136,6 +136,22 @@ def test_a_refused_request_is_traced_and_no_secret_reaches_a_span(
     assert EXPORT_SECRET not in traced.log_path.read_text()
 
 
+def test_a_client_model_string_of_any_length_never_becomes_a_span_name(
+    traced: Gateway, receiver: Receiver
+) -> None:
+    huge = "m" * 100_000  # issue #31: each such name was a new span name, any length
+    for model in (huge, "x" * 40 + "-unique-1", "x" * 40 + "-unique-2"):
+        r = httpx.post(
+            f"{traced.url}/v1/chat/completions",
+            json={**BODY, "model": model},
+            headers=traced.headers(),
+        )
+        assert r.status_code == 404
+    spans = receiver.spans(lambda got: len(requests(got)) >= 3)
+    assert {s.name for s in requests(spans)} == {"chat other"}
+    assert all(len(json.dumps(s.attributes)) < 4096 for s in spans)
+
+
 def test_without_tracing_no_trace_header_goes_upstream(gateway: Gateway, sim: Sim) -> None:
     headers = {**gateway.headers(), "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
     r = httpx.post(f"{gateway.url}/v1/chat/completions", json=BODY, headers=headers, timeout=30)

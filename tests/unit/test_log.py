@@ -11,7 +11,7 @@ import pytest
 
 from app.config.errors import ConfigError
 from app.config.schema import LoggingConfig
-from app.log import JsonFormatter, Redactor, setup_logging
+from app.log import JsonFormatter, Redactor, redacted_url, setup_logging
 
 
 def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -108,3 +108,31 @@ def test_the_file_handler_writes_redacted_json_lines(tmp_path: Path) -> None:
     out = json.loads(line)
     assert out["msg"] == "calling with ***" and out["domain"] == "d"
     assert out["level"] == "info" and out["logger"] == "tokengate.test"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://api.example.com/v1", "https://api.example.com/v1"),
+        ("http://user:pw@h:8080/api", "http://user:***@h:8080/api"),
+        ("http://token@h/api", "http://***@h/api"),  # a lone user part can be the secret
+        ("postgresql://gw:pA@pB:pC@db:5432/tg", "postgresql://gw:***@db:5432/tg"),
+        ("http://u:pa/ss@h/p", "http://u:***@h/p"),  # an unencoded `/` in the password
+        ("http://h/a@b:c@d/p", "http://***@d/p"),  # ambiguous: nothing before `@` shown
+        ("https://h/v1?api_key=abc&x=1", "https://h/v1?api_key=***&x=***"),
+        ("user:pw@proxy:3128", "user:***@proxy:3128"),
+    ],
+)
+def test_one_function_shows_every_url_without_its_credentials(url: str, shown: str) -> None:
+    assert redacted_url(url) == shown
+
+
+def test_an_upstream_urls_credentials_are_registered_with_the_redactor() -> None:
+    from app.bootstrap import userinfo
+
+    assert userinfo("http://svc:pw-9Zq@10.0.0.1:9/v1") == "svc:pw-9Zq"
+    assert userinfo("https://gw:a@b:c@h/x") == "gw:a@b:c"  # an unencoded `@` in it too
+    scrubbed = Redactor([userinfo("http://svc:pw-9Zq@10.0.0.1:9")]).scrub(
+        "probe of http://svc:pw-9Zq@10.0.0.1:9/v1/models failed"
+    )
+    assert scrubbed == "probe of http://***@10.0.0.1:9/v1/models failed"

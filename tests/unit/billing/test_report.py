@@ -61,3 +61,14 @@ def test_csv_has_a_header_one_line_per_row_and_a_total_line() -> None:
     ]
     assert lines[-1]["requests"] == "4" and lines[-1]["cost"] == "0.000001203"
     assert lines[-1]["currency"] == "CNY"
+
+
+def test_csv_cells_that_a_spreadsheet_would_evaluate_are_inert_and_every_cell_quoted() -> None:
+    hostile = ["=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx", "plain-model", "-"]
+    rows = [{"period": 0, "model": m, "requests": 1} for m in hostile]
+    text = build(
+        rows, group_by=["model"], granularity=None, calendar=SHANGHAI, currency="USD"
+    ).csv()
+    cells = [line[0] for line in csv.reader(io.StringIO(text))][1:-1]
+    assert sorted(cells) == sorted(["'" + m for m in hostile[:-2]] + ["plain-model", "-"])
+    assert all(line.startswith('"') for line in text.split("\n") if line)

@@ -41,13 +41,17 @@ def test_the_default_is_the_sqlite_file_under_var() -> None:
     [
         ("mysql://u:p@h/db", "scheme 'mysql' is not supported"),
         ("postgresql://u:p@h", "names no database"),
-        ("not a url", "not a database URL"),
+        ("not a url", "can not be parsed"),
+        # an unencoded `@` or `:` in the password: SQLAlchemy's own error would quote it
+        ("postgresql://gw:pA@pB:pC@db:5432/tg", "can not be parsed"),
+        ("postgresql://gw:pA@pB@db:5432/tg", "can not be parsed"),
     ],
 )
 def test_a_bad_url_is_a_config_error_naming_the_setting(raw: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         postgres_url(raw)
     assert message in err.value.render() and "TOKENGATE_DATABASE_URL" in err.value.render()
+    assert "pA" not in err.value.render() and "pB" not in err.value.render()
 
 
 def test_the_redactor_is_given_the_url_and_its_password() -> None:

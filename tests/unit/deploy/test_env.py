@@ -39,6 +39,7 @@ SECRETS = {
         [{"alias": "team-a", "key_sha256": hashlib.sha256(TEST_KEY.encode()).hexdigest()}]
     ),
     "TOKENGATE_ADMIN_KEY": "admin-test-0123456789",
+    "TOKENGATE_METRICS__TOKEN": "scrape-test-0123456789",
     "TOKENGATE_REDIS_URL": "redis://redis.test:6379/0",
     "TOKENGATE_REDIS__PASSWORD": "redis-test-password",
     "TOKENGATE_REDIS__SENTINEL_PASSWORD": "sentinel-test-password",

@@ -3,6 +3,7 @@ failures (and lost acknowledgements), retention."""
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,9 @@ async def test_a_shutdown_without_the_database_spills_and_the_next_start_writes_
     with pytest.raises(DatabaseUnavailable):
         await ledger.close(grace_sec=0)
     (spilled,) = (tmp_path / "spill").glob("ledger-spill-*.json")
+    # prompts' usage by key: only the gateway's user may read it (issue #31)
+    assert stat.S_IMODE(spilled.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "spill").stat().st_mode) == 0o700
     kept = spilled.read_text()
 
     restarted = Ledger(UsageBook(db), cfg, clock=FakeClock(T0 + 5))
