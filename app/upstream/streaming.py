@@ -68,6 +68,7 @@ class SseRelay:
         self.events = 0
         self.response_id: str | None = None  # Responses API
         self._tail = b""
+        self._cr = False  # the last chunk ended in a CR: the first half of a CRLF, maybe
         self._skim = False  # an OpenAI stream past its first content: defer content events
         self._skim_deltas = False  # a Responses stream past its first delta: defer deltas
         self._unread: list[bytes] = []
@@ -90,20 +91,40 @@ class SseRelay:
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward now (zero or more complete events)."""
         end = len(chunk) - 2  # (a 1-byte chunk: find's -1 would match a -1 here)
-        if not self._tail and end >= 0 and chunk.find(_SEP) == end and b"\r" not in chunk:
+        if (
+            not self._tail
+            and not self._cr
+            and end >= 0
+            and chunk.find(_SEP) == end
+            and b"\r" not in chunk
+            and chunk[:1] != b"\n"
+        ):
             # The usual read of a model's stream: exactly one whole event. No split, no
             # copies of the chunk (this runs once per token).
             return chunk if self._inspect(chunk[:-2]) else b""
+        if self._cr or b"\r" in chunk:  # CRLF servers
+            chunk = self._crlf(chunk)
         data = self._tail + chunk if self._tail else chunk
-        if b"\r" in data:  # CRLF servers; a pair split across chunks rejoins in the tail
-            data = data.replace(b"\r\n", b"\n")
+        if data[:1] == b"\n":  # blank lines between events: SSE ignores them, so do we
+            data = data.lstrip(b"\n")
         end = data.rfind(_SEP)
         if end < 0:
             self._tail = data
             return b""
+        # An event ends at the first blank line after it; more blank lines wait in the tail
+        # (and are dropped there), so what is forwarded does not depend on where the
+        # upstream's reads happened to cut a run of them.
+        while end and data[end - 1] == 10:  # b"\n"
+            end -= 1
         self._tail = data[end + 2 :]
         complete = data[: end + 2]
-        events = complete.split(_SEP)
+        if b"\n\n\n" in complete:  # blank lines inside: drop them, one event per separator
+            events = [e.strip(b"\n") for e in complete.split(_SEP)]
+            events = [e for e in events if e]
+            complete = b"".join(e + _SEP for e in events)
+            events.append(b"")
+        else:
+            events = complete.split(_SEP)
         events.pop()  # the empty piece after the last separator
         inspect = self._inspect
         if not self.strip:
@@ -115,11 +136,23 @@ class SseRelay:
             return complete
         return b"".join(e + _SEP for e in kept)
 
+    def _crlf(self, chunk: bytes) -> bytes:
+        """The chunk with its CRLFs as LFs. A CR ending it waits for the next chunk (the
+        pair may be split across two reads), so each byte is normalised exactly once,
+        wherever the reads cut the stream."""
+        if self._cr:
+            chunk, self._cr = b"\r" + chunk, False
+        if chunk[-1:] == b"\r":
+            chunk, self._cr = chunk[:-1], True
+        return chunk.replace(b"\r\n", b"\n")
+
     def finish(self) -> bytes:
         """What is left when the upstream closed (a last event without its blank line)."""
-        tail, self._tail = self._tail, b""
-        if tail.strip() and self._inspect(tail.strip(b"\n")):
-            return tail.rstrip(b"\n") + _SEP
+        if self._cr:  # a CR that never met its LF is a byte of the last event
+            self._tail, self._cr = self._tail + b"\r", False
+        event, self._tail = self._tail.strip(b"\n"), b""
+        if event.strip() and self._inspect(event):
+            return event + _SEP
         return b""
 
     def _inspect(self, event: bytes) -> bool:

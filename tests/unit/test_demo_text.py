@@ -56,4 +56,4 @@ def test_the_users_variables_win_over_the_demos_and_secrets_are_not_shown(
     listed = demo_text.honoured(user_variables())
     assert 'TOKENGATE_MODEL_ALIASES={"x": "y"}' in listed
     assert "hunter2" not in listed and "TOKENGATE_REDIS__PASSWORD=***" in listed
-    assert "pw@" not in listed and "TOKENGATE_DATABASE_URL=postgresql://db:5432/t" in listed
+    assert "pw@" not in listed and "TOKENGATE_DATABASE_URL=postgresql://u:***@db:5432/t" in listed

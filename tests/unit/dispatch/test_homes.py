@@ -3,6 +3,7 @@ database behind it (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -68,7 +69,7 @@ async def test_an_unreachable_database_refuses_what_the_cache_can_not_vouch_for(
     down = Database(DatabaseConfig(path=str(tmp_path / "missing" / "x.sqlite3")))
     await down.close()
     homes = ResponseHomes(LocalHomes(10, 60), ResponseOwners(down, 3600))
-    (tmp_path / "missing").rmdir()  # no file, no directory: every statement fails
+    shutil.rmtree(tmp_path / "missing")  # no file, no directory: every statement fails
     (tmp_path / "missing").write_text("not a directory")
     await homes.remember("resp_1", A)  # logged; the creator still has it from the cache
     assert await homes.where("resp_1") == A

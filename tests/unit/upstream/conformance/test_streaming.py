@@ -75,7 +75,8 @@ async def test_a_client_that_stops_reading_stops_the_upstream(through: MakeThrou
         writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         body = b'{"model":"m-1","stream":true,"messages":[{"role":"user","content":"ping"}]}'
         writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+            b"content-type: application/json\r\n"
             b"content-length: %d\r\n\r\n%s" % (len(body), body)
         )
         assert (await within(reader.readuntil(b"\r\n\r\n"))).startswith(b"HTTP/1.1 200")
