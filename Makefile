@@ -76,11 +76,17 @@ SIM_PORT ?= 9090
 demo: install ## the gateway on the shipped config against the simulator (PORT=8080 SIM_PORT=9090)
 	$(BIN)/python -m app.demo --port $(PORT) --sim-port $(SIM_PORT)
 
+# Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is
+# spent waiting on the processes it started, so two keep both cores busy without the load
+# that more would add (4 was no faster on 2 cores). PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile
+
 test: install system-deps codex-cli claude-code ## install everything, then run the whole suite
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: install system-deps codex-cli claude-code ## the whole suite but the long scenarios marked `slow`
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 # The suite as a slow, busy machine runs it: every process it starts (gateways, sims,
 # redis-server, PostgreSQL's clients) pinned to one core, which a CPU hog shares. A test
@@ -93,7 +99,7 @@ test-loaded: install system-deps codex-cli claude-code ## the whole suite on one
 	$(call apt,stress-ng:stress-ng)
 	@taskset -c $(LOADED_CORE) stress-ng --cpu 1 --timeout 2h --quiet & hog=$$!; \
 	  trap 'kill $$hog 2>/dev/null' EXIT; \
-	  taskset -c $(LOADED_CORE) $(BIN)/python -m pytest -q $(LOADED_ARGS)
+	  taskset -c $(LOADED_CORE) $(BIN)/python -m pytest -q $(XDIST) $(LOADED_ARGS)
 
 test-unit: install system-deps ## unit tests only (in-process, plus redis-server for the Lua parity cases)
 	$(BIN)/python -m pytest -q tests/unit

@@ -117,7 +117,12 @@ async def test_429_storm_is_flow_control_then_503_with_retry_after(
     assert tally.missing_retry_after == []
     assert set(error_codes(tally)) <= {"queue_timeout", "upstream_rate_limited"}, error_codes(tally)
     ready = httpx.get(f"{gw.url}/health/ready").json()["domains"]["domain-a"]
-    assert ready["breaker"] == "closed" and ready["state"] == "throttled"
+    # flow control, not a fault: the circuit stayed closed, and the domain was throttled
+    # (counted; its "throttled" state lasts only as long as the last cool-down, which a
+    # slow machine may have outlived by the time readiness is read)
+    assert ready["breaker"] == "closed" and ready["state"] in ("throttled", "healthy")
+    refusals = len(sim.records("/v1/chat/completions"))  # every attempt met a 429
+    assert metric_sum(gw.metrics(), "tokengate_upstream_throttled_total") == refusals > 0
     records = sim.records("/v1/chat/completions")
     starts = sorted(r["at"] for r in records)
     # The domain-wide cool-down: after each 429 nothing went for the advertised 0.3 s
