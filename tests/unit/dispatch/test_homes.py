@@ -75,3 +75,4 @@ async def test_an_unreachable_database_refuses_what_the_cache_can_not_vouch_for(
     assert await homes.where("resp_1") == A
     with pytest.raises(ServiceUnavailable):
         await homes.where("resp_2")
+    await down.close()  # the statements above opened connections again: none left running
