@@ -117,8 +117,8 @@ format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix app tests
 	$(BIN)/ruff format app tests
 
-docs: install ## regenerate the README's configuration reference from the schema
-	$(BIN)/python -c "import pathlib; from app.config.reference import splice; p = pathlib.Path('README.md'); p.write_text(splice(p.read_text()))"
+docs: install ## regenerate docs/configuration.md's reference from the schema
+	$(BIN)/python -c "import pathlib; from app.config.reference import DOC, splice; p = pathlib.Path(DOC); p.write_text(splice(p.read_text()))"
 
 bench: install bench-deps ## side-by-side benchmark (results under tests/bench/results/)
 	$(BIN)/python -m tests.bench.run
