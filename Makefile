@@ -107,7 +107,7 @@ test-unit: install system-deps ## unit tests only (in-process, plus redis-server
 test-e2e: install system-deps codex-cli claude-code ## end-to-end tests only (real servers on loopback)
 	$(BIN)/python -m pytest -q tests/e2e
 
-lint: install ## ruff (lint + format check), mypy --strict, the import layers (import-linter)
+lint: install ## ruff (lint + format check), mypy --strict (app and tests), the import layers (import-linter)
 	$(BIN)/ruff check app tests
 	$(BIN)/ruff format --check app tests
 	$(BIN)/mypy

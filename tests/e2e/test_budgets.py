@@ -46,7 +46,7 @@ def hand_cost(usage: dict[str, Any], model: str) -> Decimal:
     details = usage.get("prompt_tokens_details") or {}
     cached = int(details.get("cached_tokens") or 0)
     plain = usage["prompt_tokens"] - cached
-    million = (
+    million: Decimal = (
         plain * price["input"]
         + cached * price["cached_input"]
         + usage["completion_tokens"] * price["output"]

@@ -42,7 +42,7 @@ ANSWER = orjson.dumps(
 
 def event(content: str | None = None, *, usage: dict[str, int] | None = None) -> bytes:
     choices = [] if content is None else [{"index": 0, "delta": {"content": content}}]
-    chunk = {"object": "chat.completion.chunk", "model": MODEL, "choices": choices}
+    chunk: dict[str, Any] = {"object": "chat.completion.chunk", "model": MODEL, "choices": choices}
     if usage is not None:
         chunk["usage"] = usage
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
