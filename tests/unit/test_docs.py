@@ -6,7 +6,8 @@ it must validate against the schema); a `TOKENGATE_*` assignment in a shell bloc
 loaded too; every `TOKENGATE_*` name anywhere in the text is one tokengate reads; a
 `tokengate ...` command names a real subcommand and real flags (asked of the installed
 console script's `--help`, so it follows the CLI wherever its code lives); `make X`
-names a Makefile target; a Python block compiles; a YAML block parses. The `curl`
+names a Makefile target and `python -m X` a module; a Python block compiles; a YAML block
+parses; every relative link and anchor lands. The `curl`
 lines run against a live gateway in tests/e2e/test_doc_curls.py.
 """
 
@@ -254,6 +255,16 @@ def test_each_make_target_named_in_the_docs_exists() -> None:
             for word in cmd.split("#")[0].split()[1:]:
                 if "=" not in word and word not in make_targets():
                     wrong.append(f"{doc.name}: {cmd}")
+    assert not wrong, wrong
+
+
+def test_each_module_run_with_python_m_exists() -> None:
+    wrong = []
+    for doc in DOCS:
+        for module in re.findall(r"python -m ([\w.]+)", doc.read_text()):
+            path = ROOT / module.replace(".", "/")
+            if not (path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()):
+                wrong.append(f"{doc.name}: python -m {module}")
     assert not wrong, wrong
 
 
