@@ -1,4 +1,4 @@
-"""Faults, each ending in the outcome README "Failures" documents, with the books right.
+"""Faults, each ending in the outcome docs/requests.md "Failures" documents, with the books right.
 
 Every scenario runs real traffic through a real gateway while the simulated upstream
 (or Redis, or the gateway itself) misbehaves, and then checks two things: every client

@@ -10,7 +10,7 @@ from app.billing.periods import Calendar
 def at(*parts: int, tz: str = "UTC") -> float:
     from zoneinfo import ZoneInfo
 
-    return datetime(*parts, tzinfo=ZoneInfo(tz)).timestamp()  # type: ignore[misc]
+    return datetime(*parts, tzinfo=ZoneInfo(tz)).timestamp()  # type: ignore[arg-type, misc]  # *parts is (y, m, d, h, ...)
 
 
 def iso(cal: Calendar, t: float | None) -> str | None:

@@ -13,7 +13,8 @@ import pytest
 import redis as redis_lib
 
 from app.limits import lua
-from app.limits.pacing import HEADROOM, RateHeaders
+from app.limits.constants import HEADROOM
+from app.limits.pacing import RateHeaders
 from tests.support.procs import redis_server
 from tests.unit.limits import test_pace as cases
 

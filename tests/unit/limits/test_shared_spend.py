@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -52,7 +52,7 @@ class Link:
         self.code = client.register_script(lua.script("budget.lua"))
         self.up = True
 
-    async def __call__(self, keys: Sequence[str], args: Sequence[object]) -> Any:
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if not self.up:
             return None
         return await self.code(keys=list(keys), args=list(args))
@@ -139,7 +139,8 @@ async def lapse_times(client: aioredis.Redis, g: SpendGate) -> list[float]:
     """When each of the team's month holds lapses, as Redis scored them (ms)."""
     assert g.shared is not None
     holds = g.shared.key(month(g)) + ":holds"
-    return [score for _, score in await client.zrange(holds, 0, -1, withscores=True)]
+    scored = cast(list[tuple[str, float]], await client.zrange(holds, 0, -1, withscores=True))
+    return [score for _, score in scored]
 
 
 async def test_renewed_holds_stay_held_with_their_lapse_pushed_back(
