@@ -30,7 +30,7 @@ from app.batch.store import BatchStore, Item, StoredFile
 from app.config.schema import BatchConfig
 from app.db.engine import DatabaseUnavailable
 from app.errors import GatewayError, RateLimited, ServiceUnavailable, UpstreamRejected
-from app.kinds import QueueClass
+from app.kinds import BatchStatus, DeferOutcome, ItemState, QueueClass
 from app.pipeline.answer import JsonAnswer
 from app.pipeline.core import Pipeline
 from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, Endpoint
@@ -40,6 +40,10 @@ from app.runtime import KeySpec
 log = logging.getLogger("tokengate.batch")
 _ENDPOINTS: dict[str, Endpoint] = {e.path: e for e in (CHAT, COMPLETIONS, EMBEDDINGS)}
 _MAX_WAIT = 30.0
+_FINAL = {
+    BatchStatus.IN_PROGRESS: BatchStatus.COMPLETED,
+    BatchStatus.CANCELLING: BatchStatus.CANCELLED,
+}
 
 
 class BatchRunner:
@@ -83,9 +87,9 @@ class BatchRunner:
         if found is None:
             return
         owner, batch = found
-        if batch["status"] == "in_progress" and time.time() > batch["expires_at"]:
-            batch["status"] = "expired"
-        if batch["status"] == "in_progress":
+        if batch["status"] == BatchStatus.IN_PROGRESS and time.time() > batch["expires_at"]:
+            batch["status"] = BatchStatus.EXPIRED
+        if batch["status"] == BatchStatus.IN_PROGRESS:
             if await self._held(batch, owner):
                 return  # its items wait, pending, for the window (checked every pass)
             await self._run_items(batch, owner)
@@ -100,7 +104,7 @@ class BatchRunner:
         if window is None and "tokengate_deferral" not in batch:
             return False
         cfg, now = self.cfg, time.time()
-        pending = (await self.store.counts(batch["id"])).get("pending", 0)
+        pending = (await self.store.counts(batch["id"])).get(ItemState.PENDING, 0)
         decision = decide(
             self.pipeline.timetable,
             window,
@@ -113,8 +117,8 @@ class BatchRunner:
         )
         if note(batch, decision, now):
             await self.store.save_batch(batch)
-            outcome = "early_released" if decision.early else "released"
-            self.pipeline.metrics.record_deferred("held" if decision.hold else outcome)
+            outcome = DeferOutcome.EARLY_RELEASED if decision.early else DeferOutcome.RELEASED
+            self.pipeline.metrics.record_deferred(DeferOutcome.HELD if decision.hold else outcome)
             if decision.early:
                 log.warning(
                     "batch %s released early: it would miss its completion_window "
@@ -148,7 +152,7 @@ class BatchRunner:
 
     async def _still_ours(self, batch_id: str, renewed: float) -> bool:
         found = await self.store.get_batch(batch_id)
-        if found is None or found[1]["status"] != "in_progress":
+        if found is None or found[1]["status"] != BatchStatus.IN_PROGRESS:
             return False
         if time.monotonic() - renewed > self.cfg.lease_sec / 3:
             return batch_id in await self.store.claim(self.owner, self.cfg.lease_sec)
@@ -170,7 +174,7 @@ class BatchRunner:
     ) -> tuple[str, dict[str, Any]]:
         key = self.key_of(owner)
         if key is None:
-            return "failed", item_error(
+            return ItemState.FAILED, item_error(
                 item.custom_id, "key_revoked", "the key that created this batch no longer exists"
             )
         raw = orjson.dumps(item.request)
@@ -185,14 +189,14 @@ class BatchRunner:
                 continue
             except UpstreamRejected as exc:
                 body = _json(exc.raw_body)
-                return "failed", item_error(
+                return ItemState.FAILED, item_error(
                     item.custom_id,
                     "upstream_rejected",
                     f"the upstream answered {exc.status}",
                     {"status_code": exc.status, "request_id": request_id, "body": body},
                 )
             except GatewayError as exc:
-                return "failed", item_error(
+                return ItemState.FAILED, item_error(
                     item.custom_id,
                     exc.code or exc.type,
                     exc.message,
@@ -207,21 +211,19 @@ class BatchRunner:
             return
         owner, batch = found
         counts = await self.store.counts(batch_id)
-        if batch["status"] == "in_progress" and counts.get("pending"):
+        if batch["status"] == BatchStatus.IN_PROGRESS and counts.get(ItemState.PENDING):
             return  # not done yet (lease lost); whoever holds it will finish
         now = int(time.time())
         results = await self.store.results(batch_id)
         batch["finalizing_at"] = now
         batch["output_file_id"] = await self._write(
-            owner, batch_id, "output", [r for state, r in results if state == "done"]
+            owner, batch_id, "output", [r for state, r in results if state == ItemState.DONE]
         )
         batch["error_file_id"] = await self._write(
-            owner, batch_id, "error", [r for state, r in results if state == "failed"]
+            owner, batch_id, "error", [r for state, r in results if state == ItemState.FAILED]
         )
         batch["request_counts"] = request_counts(counts)
-        final = {"in_progress": "completed", "cancelling": "cancelled"}.get(
-            batch["status"], batch["status"]
-        )
+        final = _FINAL.get(batch["status"], batch["status"])
         batch["status"] = final
         batch[f"{final}_at"] = now
         await self.store.save_batch(batch)
@@ -260,10 +262,10 @@ def _validated(
     response = {"status_code": answer.status, "request_id": request_id, "body": body}
     listing = "data" if endpoint is EMBEDDINGS else "choices"
     if not isinstance(body, dict) or not body.get(listing) or "usage" not in body:
-        return "failed", item_error(
+        return ItemState.FAILED, item_error(
             item.custom_id, "invalid_output", f"the answer has no {listing} or no usage", response
         )
-    return "done", {
+    return ItemState.DONE, {
         "id": new_id("batch_req_"),
         "custom_id": item.custom_id,
         "response": response,

@@ -23,10 +23,10 @@ from sqlalchemy import and_, func, or_, select, update
 
 from app.db.engine import Database
 from app.db.tables import batches, file_chunks, files, items
+from app.kinds import RUNNING_BATCH, ItemState
 
 CHUNK = 1024 * 1024
 _INSERT_ROWS = 1000  # items per INSERT statement when a batch is created
-_RUNNING = ("in_progress", "cancelling", "finalizing")
 
 
 @dataclass(frozen=True)
@@ -179,12 +179,12 @@ class BatchStore:
         async with self.db.begin() as conn:
             await conn.execute(
                 update(batches)
-                .where(and_(batches.c.status.in_(_RUNNING), free))
+                .where(and_(batches.c.status.in_(RUNNING_BATCH), free))
                 .values(lease_owner=owner, lease_until=now + lease_sec)
             )
             rows = await conn.execute(
                 select(batches.c.id)
-                .where(batches.c.lease_owner == owner, batches.c.status.in_(_RUNNING))
+                .where(batches.c.lease_owner == owner, batches.c.status.in_(RUNNING_BATCH))
                 .order_by(batches.c.created_at)
             )
             return [r[0] for r in rows]
@@ -199,7 +199,7 @@ class BatchStore:
     async def pending(self, batch_id: str) -> list[Item]:
         stmt = (
             select(items.c.idx, items.c.custom_id, items.c.request)
-            .where(items.c.batch_id == batch_id, items.c.state == "pending")
+            .where(items.c.batch_id == batch_id, items.c.state == ItemState.PENDING)
             .order_by(items.c.idx)
         )
         async with self.db.connect() as conn:
@@ -213,7 +213,7 @@ class BatchStore:
                 .where(
                     items.c.batch_id == item.batch_id,
                     items.c.idx == item.idx,
-                    items.c.state == "pending",
+                    items.c.state == ItemState.PENDING,
                 )
                 .values(state=state, result=json.dumps(result))
             )
@@ -230,7 +230,7 @@ class BatchStore:
     async def results(self, batch_id: str) -> list[tuple[str, dict[str, Any]]]:
         stmt = (
             select(items.c.state, items.c.result)
-            .where(items.c.batch_id == batch_id, items.c.state != "pending")
+            .where(items.c.batch_id == batch_id, items.c.state != ItemState.PENDING)
             .order_by(items.c.idx)
         )
         async with self.db.connect() as conn:
