@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from app.batch.store import BatchStore, StoredFile
+from app.batch.store import BATCH_PREFIX, BatchStore, StoredFile
 from app.config.schema import BatchConfig
 from app.errors import InvalidRequest, NotFound, PayloadTooLarge
 from app.kinds import RUNNING_BATCH, BatchStatus, ItemState
@@ -103,7 +103,7 @@ class BatchService:
         now = int(time.time())
         failed = sum(1 for _, _, state, _ in items if state == ItemState.FAILED)
         batch: dict[str, Any] = {
-            "id": new_id("batch_"),
+            "id": new_id(BATCH_PREFIX),
             "object": "batch",
             "endpoint": endpoint,
             "errors": {"object": "list", "data": errors} if errors else None,
@@ -166,7 +166,7 @@ class BatchService:
 
     async def get(self, owner: str, batch_id: str) -> dict[str, Any]:
         found = await self.store.get_batch(batch_id)
-        if found is None or found[0] != owner:
+        if found is None or found[0] != owner or not batch_id.startswith(BATCH_PREFIX):
             raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
         batch = found[1]
         if batch["status"] in RUNNING_BATCH:

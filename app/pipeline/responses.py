@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 import orjson
@@ -79,7 +79,22 @@ def previous_not_found(response_id: str) -> InvalidRequest:
     )
 
 
+class Deferrer(Protocol):
+    """Holds deferred background responses (`app.batch.held`, set by the gateway)."""
+
+    def wants(self, call: ClientRequest) -> bool: ...
+
+    async def hold(self, call: ClientRequest) -> Answer: ...
+
+    async def follow(
+        self, key: KeySpec, method: str, response_id: str, suffix: str, query: str
+    ) -> tuple[int, bytes]: ...
+
+
 class ResponsesService:
+    deferrer: Deferrer | None = None
+    held_prefix = "resp_tgd"  # the ids the deferrer mints (app.batch.held.PREFIX)
+
     def __init__(
         self,
         pipeline: Pipeline,
@@ -95,6 +110,8 @@ class ResponsesService:
 
     # -- creating ----------------------------------------------------------------------
     async def create(self, call: ClientRequest) -> Answer:
+        if self.deferrer is not None and call.background and self.deferrer.wants(call):
+            return await self.deferrer.hold(call)
         previous = call.body.get("previous_response_id")
         if isinstance(previous, str) and previous:
             call.home = (await self._owned(call.key, previous, previous_not_found)).domain
@@ -148,6 +165,9 @@ class ResponsesService:
         status, domain_name, ticket = 404, "-", None
         try:
             ticket = await self.toll.admit(key, 0)  # an unknown id costs a request too
+            if self.deferrer is not None and response_id.startswith(self.held_prefix):
+                status, body = await self.deferrer.follow(key, method, response_id, suffix, query)
+                return Relayed(status, body)
             home = await self._owned(key, response_id, _unknown)
             domain = self._home_domain(key, home)
             path = f"/v1/responses/{response_id}{suffix}" + (f"?{query}" if query else "")

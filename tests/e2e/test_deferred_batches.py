@@ -30,9 +30,11 @@ def raw_batch(gw: Gateway, batch_id: str) -> dict[str, Any]:
     return dict(r.json())
 
 
-def deferred_count(gw: Gateway, outcome: str) -> float:
+def deferred_count(gw: Gateway, outcome: str, kind: str = "batch") -> float:
     for row in gw.metrics().splitlines():
-        if row.startswith(f'tokengate_deferred_total{{outcome="{outcome}"}}'):
+        if row.startswith(f'tokengate_deferred_total{{kind="{kind}",outcome="{outcome}"}}') or (
+            row.startswith(f'tokengate_deferred_total{{outcome="{outcome}",kind="{kind}"}}')
+        ):
             return float(row.rsplit(" ", 1)[1])
     return 0.0
 
