@@ -10,12 +10,16 @@ out of the queue until the quota is idle:
     for each item, per domain, one at a time:
       the domain's pace is unknown (no quota declared or learned)  → go (slots bound it)
       a cool-down (an upstream 429)                                → wait it out
-      an interactive request waits, or no grant is free right now  → wait one spacing
-      else                                                         → go, and hold the
-                                                                     valve one spacing
+      an interactive request waits, or any grant is booked ahead   → wait one spacing
+      (the quota's burst is not whole again), or none is free
+      else                                                         → go; the next item
+                                                                     one spacing later
 
-So deferred work takes only grants nobody else wants when they come up, at most the
-domain's pace, and never queues in front of an interactive request.
+So deferred work takes a grant only when the quota's whole burst is unused: interactive
+traffic arriving next always finds the rest of the burst free and goes at once, deferred
+work gets what interactive traffic leaves, at most the domain's pace, and it never queues
+in front of an interactive request. (With a shared pacer the burst is read from this
+process's copy of the shared pace: a hint, the dispatcher's booking still rules.)
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 from collections import defaultdict
 
 from app.dispatch.domain import Domain
+from app.limits.pacing import Pacer
 
 _FLOOR = 0.001  # seconds: the shortest wait between looks
 _IDLE_STEP = 0.05  # seconds between looks when the pace is unknown but interactive waits
@@ -54,8 +59,13 @@ class Valve:
                     await asyncio.sleep(cooling)
                     continue
                 busy = dispatcher.queue.interactive_waiting()
-                if not busy and (not pacer.bounded() or pacer.ready(0)):
+                if not busy and (not pacer.bounded() or _whole(pacer)):
                     break
                 self.waits += 1
                 await asyncio.sleep(max(_FLOOR, 1 / rate) if rate else _IDLE_STEP)
             self._next[domain.name] = loop.time() + (1 / rate if rate else 0.0)
+
+
+def _whole(pacer: Pacer) -> bool:
+    """Nothing booked ahead on the domain's pace (its burst is whole) and a grant free."""
+    return pacer.state.tat_r <= pacer.now() and pacer.ready(0)

@@ -14,6 +14,10 @@ from app.batch.valve import Valve
 class Pacer:
     def __init__(self, rate: float | None = 1000.0) -> None:
         self._rate, self.free, self.cool = rate, True, 0.0
+        self.state = SimpleNamespace(tat_r=0.0)  # when the last booked grant is due
+
+    def now(self) -> float:
+        return 10.0
 
     def rate(self) -> float | None:
         return self._rate
@@ -47,7 +51,7 @@ async def test_an_item_goes_at_once_on_idle_quota_and_without_a_known_pace() -> 
     assert valve.waits == 0
 
 
-async def test_an_item_waits_while_interactive_traffic_waits_or_the_quota_is_booked() -> None:
+async def test_an_item_waits_while_interactive_traffic_waits_or_any_quota_is_booked() -> None:
     valve, pacer = Valve(), Pacer()
     d = domain(pacer)
     d.dispatcher.queue.waiting = True
@@ -57,9 +61,12 @@ async def test_an_item_waits_while_interactive_traffic_waits_or_the_quota_is_boo
     d.dispatcher.queue.waiting, pacer.free = False, False  # no one waits, but no grant free
     await asyncio.sleep(0.05)
     assert not going.done()
-    pacer.free = True
+    pacer.free, pacer.state.tat_r = True, 11.0  # free, but a grant is booked ahead
+    await asyncio.sleep(0.05)
+    assert not going.done()
+    pacer.state.tat_r = 9.0  # the burst is whole again
     await asyncio.wait_for(going, 30)
-    assert valve.waits >= 2
+    assert valve.waits >= 3
 
 
 async def test_an_item_waits_out_a_cool_down() -> None:
