@@ -5,6 +5,7 @@ cancellable by their own; and, on idle quota, run and answered `completed`."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,7 +37,7 @@ def upstream_responses(sim: Sim) -> int:
     return len(sim.records("/v1/responses"))
 
 
-def test_a_deferred_background_response_is_queued_and_survives_a_restart(
+def test_a_deferred_background_response_is_queued_and_survives_the_replicas_death(
     sim: Sim, make_gateway: Make
 ) -> None:
     window, opens = later()
@@ -58,6 +59,8 @@ def test_a_deferred_background_response_is_queued_and_survives_a_restart(
         "offpeak",
     )
     assert deferred_count(gw, "held", "response") == 1
+    gw.proc.send_signal(signal.SIGKILL)  # the replica dies: nothing is flushed or released
+    gw.proc.wait(10)
     gw.restart()
     again = gw.openai("alice").responses.retrieve(made.id)
     assert again.status == "queued"
