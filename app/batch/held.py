@@ -109,6 +109,18 @@ class HeldResponses:
             {"x-tokengate-deferred": "true"},
         )
 
+    async def continued(self, key: KeySpec, response_id: str) -> tuple[str, str] | None:
+        """(the upstream's id, its domain) of a completed held response of `key`, for a
+        request continuing it (`previous_response_id`); None: not `key`'s, or not done."""
+        found = await self.store.get_batch(response_id)
+        if found is None or found[0] != key.alias or found[1].get("kind") != KIND:
+            return None
+        row = found[1]
+        upstream, domain = row.get("upstream_id"), row.get("domain")
+        if row["response"].get("status") != "completed" or not upstream or not domain:
+            return None
+        return str(upstream), str(domain)
+
     # -- following -----------------------------------------------------------------------
     async def follow(
         self, key: KeySpec, method: str, response_id: str, suffix: str, query: str
@@ -183,6 +195,7 @@ def settled(row: dict[str, Any], state: str | None, result: dict[str, Any] | Non
     body = ((result or {}).get("response") or {}).get("body")
     if state == ItemState.DONE and isinstance(body, dict):
         row["upstream_id"] = body.get("id")
+        row["domain"] = (result or {}).get("response", {}).get("domain") or row.get("domain")
         deferral = response.get("tokengate_deferral")
         response.clear()
         response.update(body)

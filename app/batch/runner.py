@@ -338,6 +338,8 @@ def _validated(
         return ItemState.FAILED, item_error(
             item.custom_id, "invalid_output", f"the answer has no {listing} or no usage", response
         )
+    if endpoint is RESPONSES:  # a held response: where it is stored upstream (held.py)
+        response["domain"] = answer.headers.get("x-tokengate-domain")
     return ItemState.DONE, {
         "id": new_id("batch_req_"),
         "custom_id": item.custom_id,

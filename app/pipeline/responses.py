@@ -90,6 +90,8 @@ class Deferrer(Protocol):
         self, key: KeySpec, method: str, response_id: str, suffix: str, query: str
     ) -> tuple[int, bytes]: ...
 
+    async def continued(self, key: KeySpec, response_id: str) -> tuple[str, str] | None: ...
+
 
 class ResponsesService:
     deferrer: Deferrer | None = None
@@ -114,11 +116,25 @@ class ResponsesService:
             return await self.deferrer.hold(call)
         previous = call.body.get("previous_response_id")
         if isinstance(previous, str) and previous:
-            call.home = (await self._owned(call.key, previous, previous_not_found)).domain
+            if self.deferrer is not None and previous.startswith(self.held_prefix):
+                await self._continue_held(call, previous)
+            else:
+                call.home = (await self._owned(call.key, previous, previous_not_found)).domain
         stored = call.body.get("store") is not False  # OpenAI: else kept nowhere
         if stored and call.endpoint is not RESPONSES_COMPACT:  # a compaction is no response
             call.on_response = partial(self._created, call.key.alias)
         return await self.pipeline.handle(call)
+
+    async def _continue_held(self, call: ClientRequest, previous: str) -> None:
+        """Continue a completed held response (`app.batch.held`): the upstream knows it by
+        its own id, on the domain that served it."""
+        assert self.deferrer is not None
+        found = await self.deferrer.continued(call.key, previous)
+        if found is None:
+            raise previous_not_found(previous)
+        upstream_id, call.home = found
+        call.body["previous_response_id"] = upstream_id
+        call.raw = orjson.dumps(call.body)
 
     async def _created(self, owner: str, response_id: str, domain: str) -> None:
         await self.homes.remember(response_id, Home(domain, owner))

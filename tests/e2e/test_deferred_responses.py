@@ -130,6 +130,16 @@ def test_on_idle_quota_a_response_that_asks_is_run_and_completed(
     (sent,) = sim.records("/v1/responses")
     assert "background" not in sent["body"] and "tokengate_defer" not in str(sent["body"])
     assert deferred_count(gw, "held", "response") == 0  # idle quota: never held
+    # a later turn continues it by the gateway's id; upstream, by the upstream's own
+    with pytest.raises(openai.BadRequestError) as refused:  # not another key's to continue
+        gw.openai("eve").responses.create(
+            model="gpt-4o", input="and the rest?", previous_response_id=made.id
+        )
+    assert refused.value.code == "previous_response_not_found"
+    turn = alice.responses.create(model="gpt-4o", input="and then?", previous_response_id=made.id)
+    assert turn.status == "completed"  # the sim refuses an id it did not store: it knew it
+    continued = sim.records("/v1/responses")[-1]["body"]["previous_response_id"]
+    assert continued.startswith("resp_") and not continued.startswith("resp_tgd")
 
 
 def test_a_plain_background_response_is_not_deferred(sim: Sim, make_gateway: Make) -> None:

@@ -69,7 +69,9 @@ def row(status: str = BatchStatus.IN_PROGRESS, response_status: str = "in_progre
 def test_a_run_response_takes_the_upstreams_answer_under_the_gateways_id() -> None:
     r = row()
     answer = {"id": "resp_abc", "status": "completed", "output": [{"type": "message"}]}
-    held.settled(r, ItemState.DONE, {"response": {"status_code": 200, "body": answer}})
+    result = {"response": {"status_code": 200, "body": answer, "domain": "gpu-b"}}
+    held.settled(r, ItemState.DONE, result)
+    assert r["domain"] == "gpu-b"  # where the upstream keeps it: a later turn goes there
     assert r["response"]["id"] == "resp_tgd1" and r["response"]["status"] == "completed"
     assert r["response"]["output"] == [{"type": "message"}] and r["response"]["background"]
     assert r["response"]["tokengate_deferral"] == {"w": 1} and r["upstream_id"] == "resp_abc"
