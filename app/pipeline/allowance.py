@@ -36,6 +36,7 @@ from app.pipeline.request import EMBEDDINGS, ClientRequest
 _SCALE = 10**6  # `Price.rates` are in 1e-6 nano-units per token
 
 Rates = tuple[int, int]  # (input, output) per token, in 1e-6 nano-units
+_NONE = (NO_WINDOW,)
 
 
 class Allowance:
@@ -45,7 +46,7 @@ class Allowance:
         self.spend: SpendGate | None = None
         self.timetable = Timetable({})
         self.horizon = 0.0
-        self._rates: dict[tuple[str, tuple[str, ...]], Rates | None] = {}
+        self._rates: dict[str | tuple[str, tuple[str, ...]], Rates | None] = {}
 
     def configure(
         self,
@@ -82,8 +83,8 @@ class Allowance:
         fallback is a re-send: the hold must cover it) in the windows that may be in force
         when it is served; None when `model` has none."""
         timetable = self.timetable
-        windows = timetable.ahead(self.clock(), self.horizon) if timetable else (NO_WINDOW,)
-        cached = (model, windows)
+        windows = timetable.ahead(self.clock(), self.horizon) if timetable else _NONE
+        cached = (model, windows) if timetable else model  # no windows: no tuple per request
         if cached in self._rates:
             return self._rates[cached]
         rates: Rates | None = None
