@@ -33,7 +33,7 @@ from app.errors import InvalidRequest, NotFound, RateLimited
 from app.kinds import BatchStatus, ItemState
 from app.pipeline.answer import JsonAnswer
 from app.pipeline.core import Pipeline
-from app.pipeline.request import ClientRequest
+from app.pipeline.request import RESPONSES, ClientRequest
 from app.runtime import KeySpec
 
 PREFIX = "resp_tgd"  # 'g' is not hex: no upstream's `resp_<hex>` id starts so
@@ -58,7 +58,9 @@ class HeldResponses:
         """Is this Responses request to be held? Background, not streamed, stored, and its
         key defers background work or it asks (`metadata.tokengate_defer`)."""
         body = call.body
-        if not call.background or call.stream or body.get("store") is False:
+        if call.endpoint is not RESPONSES or not call.background or call.stream:
+            return False  # (a compaction is no response to keep)
+        if body.get("store") is False:
             return False
         if call.key.defer_requests in ("background", "all"):
             return True

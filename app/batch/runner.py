@@ -78,6 +78,7 @@ class BatchRunner:
         self._until: dict[str, float] = {}  # held work: not read again before this instant
         self._responses = asyncio.Semaphore(cfg.concurrency)  # held responses in flight
         self.valve = Valve()  # released at the pace of the domain's idle quota
+        self._runtime = pipeline.runtime  # the settings the held work was judged under
 
     async def run(self) -> None:
         """The runner's loop (one task, owned by the gateway; each batch is a task of its
@@ -101,6 +102,8 @@ class BatchRunner:
 
     def _start(self, group: asyncio.TaskGroup, claimed: list[str], woken: bool) -> None:
         now = time.time()
+        if self.pipeline.runtime is not self._runtime:  # a reload may move a window
+            self._runtime, woken = self.pipeline.runtime, True
         for gone in set(self.held) - set(claimed):
             self.held.pop(gone, None)  # finished, cancelled or deleted elsewhere
         for batch_id in claimed:

@@ -10,7 +10,7 @@ import pytest
 
 from app.batch import held
 from app.kinds import BatchStatus, ItemState, ServiceTier
-from app.pipeline.request import CHAT, RESPONSES
+from app.pipeline.request import CHAT, RESPONSES, RESPONSES_COMPACT
 from app.pipeline.responses import ResponsesService
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
@@ -95,6 +95,8 @@ def test_only_responses_are_held() -> None:
     chat = call("all", CHAT, background=True, messages=[{"role": "user", "content": "x"}])
     service = held.HeldResponses.__new__(held.HeldResponses)
     assert service.wants(chat) is False
+    compact = call("all", RESPONSES_COMPACT, background=True)
+    assert service.wants(compact) is False
 
 
 def test_a_key_deferring_all_serves_its_other_requests_as_flex(
