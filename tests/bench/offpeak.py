@@ -12,7 +12,8 @@ p50, p95, p99), their statuses, the upstream's 429s, and for the deferred run th
 goodput (items per second after release, against what the quota leaves interactive
 traffic) and its time from release to completion.
 
-Run alone: `.venv/bin/python -m tests.bench.offpeak` (about 4 minutes).
+Run alone: `.venv/bin/python -m tests.bench.offpeak` (about 5 minutes). Figures:
+docs/deferral.md.
 """
 
 from __future__ import annotations
