@@ -33,6 +33,7 @@ from app import tracing
 from app.alerts import AlertCenter
 from app.audit import AuditTrail
 from app.auth import KeyIndex
+from app.batch.held import HeldResponses
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
@@ -149,6 +150,7 @@ class Gateway:
         self.batch_runner = BatchRunner(
             self.batch_store, s.batch, self.pipeline, lambda alias: self.keys.by_alias.get(alias)
         )
+        self.responses.deferrer = HeldResponses(self.batch_store, self.pipeline, self._wake_batches)
         # The status page's recent traffic, fed by the metrics verbs (None: page disabled).
         self.board = StatusBoard(step_sec=s.ui.step_sec) if s.ui.enabled else None
         metrics.watch(self.board)

@@ -70,3 +70,37 @@ class TokenKind(StrEnum):
 
     PROMPT = "prompt"
     COMPLETION = "completion"
+
+
+class BatchStatus(StrEnum):
+    """A Batch API job's `status`, as OpenAI names them (`validating` and `failed` are
+    OpenAI's too: a batch this gateway cannot run is refused at creation instead)."""
+
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+RUNNING_BATCH = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING)
+
+
+class ItemState(StrEnum):
+    """One request of a batch (a row of `items`): `pending` until its answer is stored."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class DeferOutcome(StrEnum):
+    """The `outcome` label of `tokengate_deferred_total`: work held for a window or for
+    idle quota, released in it, or released early so as not to miss its deadline."""
+
+    HELD = "held"
+    RELEASED = "released"
+    EARLY_RELEASED = "early_released"

@@ -623,9 +623,10 @@ class Metrics:
         )
         self.deferred = Counter(
             "tokengate_deferred",
-            "Deferred work (Batch API jobs) by outcome: held for an off-peak window, "
-            "released in it, early_released so as not to miss its completion_window.",
-            ["outcome"],
+            "Deferred work by kind (batch: a Batch API job; response: a held background "
+            "response) and outcome: held for an off-peak window, released in it (or on idle "
+            "quota), early_released so as not to miss its deadline.",
+            ["outcome", "kind"],
             registry=r,
         )
 
@@ -644,10 +645,11 @@ class Metrics:
     def record_budget_exceeded(self, scope: str, name: str, budget: str) -> None:
         self._child(self.budget_exceeded, scope, name, budget).inc()
 
-    def record_deferred(self, outcome: str) -> None:
-        """A batch held for an off-peak window (`held`), or let go: `released` in the
-        window, `early_released` before it (its completion_window would be missed)."""
-        self._child(self.deferred, outcome).inc()
+    def record_deferred(self, outcome: str, kind: str = "batch") -> None:
+        """Deferred work (`kind`: batch | response) held for an off-peak window (`held`),
+        or let go: `released` in the window, `early_released` before it (its deadline would
+        be missed)."""
+        self._child(self.deferred, outcome, kind).inc()
 
     # -- exposition ---------------------------------------------------------------------
     def render(self) -> bytes:

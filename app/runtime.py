@@ -69,6 +69,7 @@ class KeySpec:
     service_tiers: frozenset[ServiceTier] | None = None  # allowed; None: all
     service_tier: ServiceTier | None = None  # forced on every request
     defer_window: str | None = None  # its batches wait for this window ("none": idle)
+    defer_requests: str = "none"  # none | background | all (keys[].defer_requests)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,9 @@ def _defer_windows(settings: Settings, problems: list[Problem], source: str) -> 
     windows = settings.billing.windows
     named = [("batch.defer_window", settings.batch.defer_window)]
     named += [(f"keys[{i}].defer_window", k.defer_window) for i, k in enumerate(settings.keys)]
+    raw = settings.scale_up
+    domains = [] if raw is None else raw if isinstance(raw, list) else [raw]
+    named += [(f"scale_up[{i}].defer_window", d.defer_window) for i, d in enumerate(domains)]
     for where, name in named:
         if name not in (None, "none", "auto") and name not in windows:
             known = ", ".join(windows) or "none defined"
@@ -377,6 +381,8 @@ def _key_spec(key: KeyConfig, tpm: int, rpm: int, concurrent: int | None = None)
         max_concurrent=key.max_concurrent or concurrent,
         max_websockets=key.max_websockets,
         service_tiers=None if key.service_tiers is None else frozenset(key.service_tiers),
-        service_tier=key.service_tier,
+        service_tier=key.service_tier
+        or (ServiceTier.FLEX if key.defer_requests == "all" else None),  # deferral.md
         defer_window=key.defer_window,
+        defer_requests=key.defer_requests,
     )

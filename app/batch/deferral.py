@@ -1,6 +1,8 @@
-"""Holding Batch API jobs for an off-peak billing window.
+"""Holding deferred work (Batch API jobs, deferred background responses) for an
+off-peak billing window.
 
-A batch is held (its items stay pending in the database, so a restart or another replica
+A batch (or a held response, stored as a one-item batch: `held.py`) is held (its items
+stay pending in the database, so a restart or another replica
 finds it held just the same) while `batch.defer_window` is not in force, and released:
 
     in the window           `released`; its items then go at the pace the domain's quota
@@ -31,16 +33,34 @@ class Decision(NamedTuple):
     early: bool = False
 
 
-def defer_window(settings: Settings, key_choice: str | None = None) -> str | None:
-    """The window a batch waits for: its key's choice, else `batch.defer_window`; None:
-    it waits for nothing (idle upstream quota, the batch class)."""
-    name = key_choice if key_choice is not None else settings.batch.defer_window
+def defer_window(
+    settings: Settings, key_choice: str | None = None, domain: str | None = None
+) -> str | None:
+    """The window deferred work waits for: its key's choice, else its domain's
+    (`[[scale_up]] defer_window`), else `batch.defer_window`; None: it waits for nothing
+    (idle upstream quota, the batch class)."""
+    name = key_choice
+    if name is None:
+        name = domain_choice(settings, domain)
+    if name is None:
+        name = settings.batch.defer_window
     windows = settings.billing.windows
     if name == "auto":
         return "offpeak" if "offpeak" in windows else None
     if name in (None, "none") or name not in windows:
         return None
     return name
+
+
+def domain_choice(settings: Settings, domain: str | None) -> str | None:
+    """`defer_window` of domain `domain` (None: unnamed, unknown or unset). A gateway of one
+    domain applies that domain's to all deferred work."""
+    raw = settings.scale_up
+    domains = [] if raw is None else raw if isinstance(raw, list) else [raw]
+    for d in domains:
+        if d.domain == domain or (domain is None and len(domains) == 1):
+            return d.defer_window
+    return None
 
 
 def decide(

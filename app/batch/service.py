@@ -17,9 +17,10 @@ from typing import Any
 
 import orjson
 
-from app.batch.store import BatchStore, StoredFile
+from app.batch.store import BATCH_PREFIX, BatchStore, StoredFile
 from app.config.schema import BatchConfig
 from app.errors import InvalidRequest, NotFound, PayloadTooLarge
+from app.kinds import RUNNING_BATCH, BatchStatus, ItemState
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 WINDOW_SEC = 24 * 3600
@@ -100,15 +101,15 @@ class BatchService:
             raise InvalidRequest("the input file's purpose must be 'batch'", param="input_file_id")
         items, errors = self._items(await self.store.file_content(input_file_id), endpoint)
         now = int(time.time())
-        failed = sum(1 for _, _, state, _ in items if state == "failed")
+        failed = sum(1 for _, _, state, _ in items if state == ItemState.FAILED)
         batch: dict[str, Any] = {
-            "id": new_id("batch_"),
+            "id": new_id(BATCH_PREFIX),
             "object": "batch",
             "endpoint": endpoint,
             "errors": {"object": "list", "data": errors} if errors else None,
             "input_file_id": input_file_id,
             "completion_window": window,
-            "status": "in_progress",
+            "status": BatchStatus.IN_PROGRESS,
             "output_file_id": None,
             "error_file_id": None,
             "created_at": now,
@@ -150,12 +151,12 @@ class BatchService:
                     (
                         custom_id or "",
                         {},
-                        "failed",
+                        ItemState.FAILED,
                         item_error(custom_id, code, f"line {number}: {message}"),
                     )
                 )
             else:
-                items.append((custom_id or "", request, "pending", None))
+                items.append((custom_id or "", request, ItemState.PENDING, None))
             if len(items) > self.cfg.max_items:
                 raise InvalidRequest(
                     f"more than batch.max_items ({self.cfg.max_items}) requests",
@@ -165,10 +166,10 @@ class BatchService:
 
     async def get(self, owner: str, batch_id: str) -> dict[str, Any]:
         found = await self.store.get_batch(batch_id)
-        if found is None or found[0] != owner:
+        if found is None or found[0] != owner or not batch_id.startswith(BATCH_PREFIX):
             raise NotFound(f"No such Batch object: {batch_id}", param="batch_id")
         batch = found[1]
-        if batch["status"] in ("in_progress", "cancelling", "finalizing"):
+        if batch["status"] in RUNNING_BATCH:
             counts = await self.store.counts(batch_id)
             batch["request_counts"] = request_counts(counts)
         return batch
@@ -187,8 +188,8 @@ class BatchService:
 
     async def cancel(self, owner: str, batch_id: str) -> dict[str, Any]:
         batch = await self.get(owner, batch_id)
-        if batch["status"] == "in_progress":
-            batch["status"], batch["cancelling_at"] = "cancelling", int(time.time())
+        if batch["status"] == BatchStatus.IN_PROGRESS:
+            batch["status"], batch["cancelling_at"] = BatchStatus.CANCELLING, int(time.time())
             await self.store.save_batch(batch)
             self.wake()
         return batch
@@ -198,8 +199,8 @@ def request_counts(counts: dict[str, int]) -> dict[str, int]:
     """OpenAI's `request_counts` from item states (pending ones are in `total` only)."""
     return {
         "total": sum(counts.values()),
-        "completed": counts.get("done", 0),
-        "failed": counts.get("failed", 0),
+        "completed": counts.get(ItemState.DONE, 0),
+        "failed": counts.get(ItemState.FAILED, 0),
     }
 
 

@@ -2,7 +2,8 @@
 
     files / file_chunks  uploaded JSONL inputs and generated outputs, with their owner (key
                          alias); content in 1 MiB rows, so no single value is huge
-    batches              one row per batch: its OpenAI body, status, lease
+    batches              one row per batch: its OpenAI body, status, lease (and one per
+                         deferred background response, kept as a one-item batch: held.py)
     items                one row per input line: pending -> done | failed, with the answer
 
 Every replica reads and writes the same rows, so any replica answers for any batch. An
@@ -23,10 +24,11 @@ from sqlalchemy import and_, func, or_, select, update
 
 from app.db.engine import Database
 from app.db.tables import batches, file_chunks, files, items
+from app.kinds import RUNNING_BATCH, ItemState
 
 CHUNK = 1024 * 1024
+BATCH_PREFIX = "batch_"  # the id of every Batch API job (service.py)
 _INSERT_ROWS = 1000  # items per INSERT statement when a batch is created
-_RUNNING = ("in_progress", "cancelling", "finalizing")
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,9 @@ class BatchStore:
 
     async def list_batches(self, owner: str, after: str | None, limit: int) -> list[dict[str, Any]]:
         """Newest first; `after` is the last id of the previous page (keyset pagination)."""
-        stmt = select(batches.c.body).where(batches.c.owner == owner)
+        stmt = select(batches.c.body).where(
+            batches.c.owner == owner, batches.c.id.startswith(BATCH_PREFIX)
+        )  # not the held responses (held.py) kept in the same table
         order = (batches.c.created_at.desc(), batches.c.id.desc())
         async with self.db.connect() as conn:
             if after is not None:
@@ -168,6 +172,32 @@ class BatchStore:
             rows = await conn.execute(stmt.order_by(*order).limit(limit))
             return [json.loads(r[0]) for r in rows]
 
+    async def delete_batch(self, batch_id: str) -> None:
+        async with self.db.begin() as conn:
+            await conn.execute(items.delete().where(items.c.batch_id == batch_id))
+            await conn.execute(batches.delete().where(batches.c.id == batch_id))
+
+    async def held_count(self, owner: str, prefix: str) -> int:
+        """Unfinished rows of `owner` whose id starts with `prefix` (held responses)."""
+        stmt = select(func.count()).where(
+            batches.c.owner == owner,
+            batches.c.id.startswith(prefix),
+            batches.c.status.in_(RUNNING_BATCH),
+        )
+        async with self.db.connect() as conn:
+            return int((await conn.execute(stmt)).scalar_one())
+
+    async def first_request(self, batch_id: str) -> dict[str, Any] | None:
+        stmt = (
+            select(items.c.request)
+            .where(items.c.batch_id == batch_id)
+            .order_by(items.c.idx)
+            .limit(1)
+        )
+        async with self.db.connect() as conn:
+            row = (await conn.execute(stmt)).first()
+        return json.loads(row[0]) if row else None
+
     async def claim(self, owner: str, lease_sec: float) -> list[str]:
         """Take (or renew) the lease of every unfinished batch nobody else holds."""
         now = self.db.now()
@@ -179,12 +209,12 @@ class BatchStore:
         async with self.db.begin() as conn:
             await conn.execute(
                 update(batches)
-                .where(and_(batches.c.status.in_(_RUNNING), free))
+                .where(and_(batches.c.status.in_(RUNNING_BATCH), free))
                 .values(lease_owner=owner, lease_until=now + lease_sec)
             )
             rows = await conn.execute(
                 select(batches.c.id)
-                .where(batches.c.lease_owner == owner, batches.c.status.in_(_RUNNING))
+                .where(batches.c.lease_owner == owner, batches.c.status.in_(RUNNING_BATCH))
                 .order_by(batches.c.created_at)
             )
             return [r[0] for r in rows]
@@ -199,7 +229,7 @@ class BatchStore:
     async def pending(self, batch_id: str) -> list[Item]:
         stmt = (
             select(items.c.idx, items.c.custom_id, items.c.request)
-            .where(items.c.batch_id == batch_id, items.c.state == "pending")
+            .where(items.c.batch_id == batch_id, items.c.state == ItemState.PENDING)
             .order_by(items.c.idx)
         )
         async with self.db.connect() as conn:
@@ -213,7 +243,7 @@ class BatchStore:
                 .where(
                     items.c.batch_id == item.batch_id,
                     items.c.idx == item.idx,
-                    items.c.state == "pending",
+                    items.c.state == ItemState.PENDING,
                 )
                 .values(state=state, result=json.dumps(result))
             )
@@ -230,7 +260,7 @@ class BatchStore:
     async def results(self, batch_id: str) -> list[tuple[str, dict[str, Any]]]:
         stmt = (
             select(items.c.state, items.c.result)
-            .where(items.c.batch_id == batch_id, items.c.state != "pending")
+            .where(items.c.batch_id == batch_id, items.c.state != ItemState.PENDING)
             .order_by(items.c.idx)
         )
         async with self.db.connect() as conn:

@@ -7,6 +7,8 @@ clock of `billing.timezone`:
 
     at(t)           the window whose minutes hold t's local weekday and minute, else None
     next_change(t)  the first instant after t at which `at` answers something else
+    ahead(t, s)     every window in force at some instant of [t, t + s] (a budget's hold
+                    covers the dearest of them: the request is priced when it is served)
 
 A DST change moves the wall clock, so on the wall clock's terms: a window ending at 02:30
 on the night clocks go from 02:00 to 03:00 ends at 03:00 (02:30 never happens); in the
@@ -89,6 +91,26 @@ class Timetable:
         change = self.next_change(t) if self.names else None
         self._stretch = (t, math.inf if change is None else change.at, name)
         return name or NO_WINDOW
+
+    def ahead(self, t: float, horizon: float) -> tuple[str, ...]:
+        """The ledger's windows (`-` for none) in force at some instant of [t, t + horizon],
+        the one now first; from the current stretch, so one comparison while no change is
+        that close."""
+        first = self.name_at(t)
+        until = self._stretch[1]
+        if t + horizon < until:
+            return (first,)
+        found = [first]
+        at = t
+        for _ in range(4 * len(self.names) + 8):
+            change = self.next_change(at)
+            if change is None or change.at > t + horizon:
+                break
+            name = change.window or NO_WINDOW
+            if name not in found:
+                found.append(name)
+            at = change.at
+        return tuple(found)
 
     def _candidates(self, t: float) -> list[float]:
         """Instants after t at which `at` may change, in order (see the module docstring)."""

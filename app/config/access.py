@@ -217,6 +217,15 @@ class KeyConfig(Section):
         "`billing.windows`, or `none` (idle upstream quota: they run at once on the capacity "
         "interactive traffic leaves). Unset: `batch.defer_window`.",
     )
+    defer_requests: Literal["none", "background", "all"] = Field(
+        "none",
+        description="Which of this key's requests are deferred besides its batches: "
+        "`background`: every background Responses request (answered `queued`, held in the "
+        "database for `defer_window` like a batch); `all`: those, and every other request is "
+        "served as `service_tier` `flex` (spare capacity only, up to "
+        "`flex_max_queue_wait_ms`). `none`: only a background request that asks "
+        '(`metadata.tokengate_defer = "true"`).',
+    )
 
     @field_validator("key_sha256")
     @classmethod

@@ -198,6 +198,13 @@ class ScaleUpConfig(Section):
         "A tier not listed is removed from the request and served by the gateway's classes "
         "(`priority`: high, `flex`: spare capacity only).",
     )
+    defer_window: str | None = Field(
+        None,
+        description="What deferred work served by this domain waits for (batches of keys "
+        "pinned to it, held background responses routed to it): a window of "
+        "`billing.windows`, or `none` (idle upstream quota). A key's `defer_window` wins; "
+        "unset: `batch.defer_window`.",
+    )
 
 
 class ScaleOutConfig(Section):

@@ -4,7 +4,10 @@
                                     (`max_tokens` / `max_completion_tokens` /
                                     `max_output_tokens`, else `default_max_tokens`), in
                                     tokens and in cost at the dearest price of the model
-                                    and the fallbacks it may be served by
+                                    and the fallbacks it may be served by, in the billing
+                                    window in force (and in the next one, if it begins
+                                    before the request could be served: queue wait plus
+                                    the upstream's time)
     held ─────► cap(call, hold)     the output cap the gateway sends upstream: what the
                                     budgets held (`on_short = "cap"` may have lowered it),
                                     or, for a request that set none, the allowance held
@@ -20,8 +23,12 @@ front (403 `model_not_priced`, spend.py), and such a fallback is skipped (`serve
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from app.billing.budgets import Amount, Ask
-from app.billing.prices import PriceList
+from app.billing.prices import Price, PriceList
+from app.billing.timetable import NO_WINDOW, Timetable
 from app.limits.spend import Hold, SpendGate
 from app.pipeline.plan import Planner
 from app.pipeline.request import EMBEDDINGS, ClientRequest
@@ -29,17 +36,31 @@ from app.pipeline.request import EMBEDDINGS, ClientRequest
 _SCALE = 10**6  # `Price.rates` are in 1e-6 nano-units per token
 
 Rates = tuple[int, int]  # (input, output) per token, in 1e-6 nano-units
+_NONE = (NO_WINDOW,)
 
 
 class Allowance:
-    def __init__(self, planner: Planner) -> None:
+    def __init__(self, planner: Planner, clock: Callable[[], float] = time.time) -> None:
         self.planner = planner
+        self.clock = clock  # the wall clock billing windows are read on
         self.spend: SpendGate | None = None
-        self._rates: dict[str, Rates | None] = {}
+        self.timetable = Timetable({})
+        self.horizon = 0.0
+        self._rates: dict[str | tuple[str, tuple[str, ...]], Rates | None] = {}
 
-    def configure(self, prices: PriceList, default_max_tokens: int) -> None:
+    def configure(
+        self,
+        prices: PriceList,
+        default_max_tokens: int,
+        timetable: Timetable | None = None,
+        horizon: float = 0.0,
+    ) -> None:
+        """`horizon`: how long after admission a request may still be served (the most it
+        may queue plus the upstream's time), so a window beginning that soon is priced in."""
         self.prices = prices
         self.default_max_tokens = default_max_tokens
+        self.timetable = timetable if timetable is not None else Timetable({})
+        self.horizon = horizon
         self._rates = {}
 
     def ask(self, call: ClientRequest, model: str) -> tuple[Ask, bool]:
@@ -59,18 +80,21 @@ class Allowance:
 
     def _rates_of(self, model: str) -> Rates | None:
         """The dearest input and output rates of `model` and the priced fallbacks (a
-        fallback is a re-send: the hold must cover it); None when `model` has none."""
-        if model in self._rates:
-            return self._rates[model]
-        price = self.prices.price(model)
+        fallback is a re-send: the hold must cover it) in the windows that may be in force
+        when it is served; None when `model` has none."""
+        timetable = self.timetable
+        windows = timetable.ahead(self.clock(), self.horizon) if timetable else _NONE
+        cached = (model, windows) if timetable else model  # no windows: no tuple per request
+        if cached in self._rates:
+            return self._rates[cached]
         rates: Rates | None = None
-        if price is not None:
-            rates = (price.rates[0], price.rates[1])
-            for name in self.planner.fallback_models():
-                other = self.prices.price(name)
-                if other is not None:
-                    rates = (max(rates[0], other.rates[0]), max(rates[1], other.rates[1]))
-        self._rates[model] = rates
+        if self.prices.price(model) is not None:
+            for window in windows:
+                for name in (model, *self.planner.fallback_models()):
+                    price = self.prices.price(name, window=window)
+                    if price is not None:
+                        rates = _dearer(rates, price)
+        self._rates[cached] = rates
         return rates
 
     def cap(self, call: ClientRequest, hold: Hold | None) -> None:
@@ -90,3 +114,9 @@ class Allowance:
         if self.spend is None or self.prices.price(model) is not None:
             return True
         return not self.spend.costs(call.key)
+
+
+def _dearer(rates: Rates | None, price: Price) -> Rates:
+    if rates is None:
+        return (price.rates[0], price.rates[1])
+    return (max(rates[0], price.rates[0]), max(rates[1], price.rates[1]))

@@ -95,7 +95,7 @@ class Pipeline:
         self.toll = Toll(admission)  # the routes that reach an upstream but generate nothing
         self.sessions = SessionTable()
         self.planner = Planner(domains)
-        self.allowance = Allowance(self.planner)
+        self.allowance = Allowance(self.planner, wall_clock)
         self.allowance.spend = admission.spend
         self.session_spend = SessionBook(Calendar(runtime.settings.billing.timezone))
         self.tiers = ServiceTiers()
@@ -121,7 +121,6 @@ class Pipeline:
         self.sessions.load_factor = runtime.settings.affinity.load_factor
         billing = runtime.settings.billing
         self.prices = PriceList(billing.prices, billing.currency)
-        self.allowance.configure(self.prices, self.default_max_tokens)
         sessions = runtime.settings.sessions
         if billing.timezone != self.session_spend.calendar.timezone:
             self.session_spend.calendar = Calendar(billing.timezone)
@@ -129,6 +128,8 @@ class Pipeline:
         self.session_spend.idle_sec = sessions.idle_sec
         self.timetable = Timetable(billing.windows, billing.timezone)
         sched = runtime.settings.token_scheduler
+        horizon = (sched.max_queue_wait_ms + runtime.attempts * sched.timeout_ms) / 1000
+        self.allowance.configure(self.prices, self.default_max_tokens, self.timetable, horizon)
         self.tiers.configure(sched.max_queue_wait_ms, sched.flex_max_queue_wait_ms)
 
     # -- the entry point ----------------------------------------------------------

@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 import orjson
@@ -79,7 +79,24 @@ def previous_not_found(response_id: str) -> InvalidRequest:
     )
 
 
+class Deferrer(Protocol):
+    """Holds deferred background responses (`app.batch.held`, set by the gateway)."""
+
+    def wants(self, call: ClientRequest) -> bool: ...
+
+    async def hold(self, call: ClientRequest) -> Answer: ...
+
+    async def follow(
+        self, key: KeySpec, method: str, response_id: str, suffix: str, query: str
+    ) -> tuple[int, bytes]: ...
+
+    async def continued(self, key: KeySpec, response_id: str) -> tuple[str, str] | None: ...
+
+
 class ResponsesService:
+    deferrer: Deferrer | None = None
+    held_prefix = "resp_tgd"  # the ids the deferrer mints (app.batch.held.PREFIX)
+
     def __init__(
         self,
         pipeline: Pipeline,
@@ -95,13 +112,29 @@ class ResponsesService:
 
     # -- creating ----------------------------------------------------------------------
     async def create(self, call: ClientRequest) -> Answer:
+        if self.deferrer is not None and call.background and self.deferrer.wants(call):
+            return await self.deferrer.hold(call)
         previous = call.body.get("previous_response_id")
         if isinstance(previous, str) and previous:
-            call.home = (await self._owned(call.key, previous, previous_not_found)).domain
+            if self.deferrer is not None and previous.startswith(self.held_prefix):
+                await self._continue_held(call, previous)
+            else:
+                call.home = (await self._owned(call.key, previous, previous_not_found)).domain
         stored = call.body.get("store") is not False  # OpenAI: else kept nowhere
         if stored and call.endpoint is not RESPONSES_COMPACT:  # a compaction is no response
             call.on_response = partial(self._created, call.key.alias)
         return await self.pipeline.handle(call)
+
+    async def _continue_held(self, call: ClientRequest, previous: str) -> None:
+        """Continue a completed held response (`app.batch.held`): the upstream knows it by
+        its own id, on the domain that served it."""
+        assert self.deferrer is not None
+        found = await self.deferrer.continued(call.key, previous)
+        if found is None:
+            raise previous_not_found(previous)
+        upstream_id, call.home = found
+        call.body["previous_response_id"] = upstream_id
+        call.raw = orjson.dumps(call.body)
 
     async def _created(self, owner: str, response_id: str, domain: str) -> None:
         await self.homes.remember(response_id, Home(domain, owner))
@@ -148,6 +181,9 @@ class ResponsesService:
         status, domain_name, ticket = 404, "-", None
         try:
             ticket = await self.toll.admit(key, 0)  # an unknown id costs a request too
+            if self.deferrer is not None and response_id.startswith(self.held_prefix):
+                status, body = await self.deferrer.follow(key, method, response_id, suffix, query)
+                return Relayed(status, body)
             home = await self._owned(key, response_id, _unknown)
             domain = self._home_domain(key, home)
             path = f"/v1/responses/{response_id}{suffix}" + (f"?{query}" if query else "")

@@ -12,7 +12,8 @@ p50, p95, p99), their statuses, the upstream's 429s, and for the deferred run th
 goodput (items per second after release, against what the quota leaves interactive
 traffic) and its time from release to completion.
 
-Run alone: `.venv/bin/python -m tests.bench.offpeak` (about 4 minutes).
+Run alone: `.venv/bin/python -m tests.bench.offpeak` (about 5 minutes). Figures:
+docs/deferral.md.
 """
 
 from __future__ import annotations
@@ -20,21 +21,16 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import sys
-import tempfile
 import time
-import tomllib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
-import tomli_w
 
-from tests.bench import common, subjects
-from tests.bench.procs import ROOT, Group, free_port, sigterm_as_interrupt, wait_http
+from tests.bench import common, quota, subjects
+from tests.bench.procs import Group
 from tests.bench.quota import percentile
 
 SIM_KEY_ENV = "BENCH_OFFPEAK_UPSTREAM_KEY"
@@ -57,22 +53,6 @@ def secret(alias: str) -> str:
     return f"tg-bench-offpeak-{alias}-0123456789abcdef"
 
 
-def _config(tmp: Path, sim_url: str, plan: Plan) -> Path:
-    config = tomllib.loads((ROOT / "config" / "config.toml").read_text())
-    table = dict(config.pop("scale_up", {}))
-    table |= {
-        "domain": DOMAIN,
-        "api_base": sim_url,
-        "api_key_env": SIM_KEY_ENV,
-        "requests_per_minute": plan.rpm,
-        "quota_window_sec": plan.window_sec,
-    }
-    config["scale_up"] = [table]
-    path = tmp / "config.toml"
-    path.write_text(tomli_w.dumps(config))
-    return path
-
-
 def _settings(tmp: Path, opens: datetime) -> Path:
     keys = [
         {
@@ -92,28 +72,23 @@ def _settings(tmp: Path, opens: datetime) -> Path:
 
 
 def _start(group: Group, tmp: Path, plan: Plan, opens: datetime) -> tuple[str, str, Path]:
-    sim_port, gw_port = free_port(), free_port()
-    sim_cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(sim_port)]
-    sim_cmd += ["--api-key", subjects.UPSTREAM_KEY, "--no-record", "--rpm", str(plan.rpm)]
-    sim_cmd += ["--quota-window-sec", f"{plan.window_sec:g}"]
-    sim_cmd += ["--latency-ms", f"{plan.sim_latency_ms:g}"]
-    sim = group.start(f"{tmp.name}-sim", sim_cmd, env=subjects.clean_env())
-    sim_url = f"http://127.0.0.1:{sim_port}"
-    wait_http(f"{sim_url}/_sim/stats", sim)
-    log = tmp / "gateway.log"
-    env = subjects.clean_env(
-        **{SIM_KEY_ENV: subjects.UPSTREAM_KEY, "TAOTOKEN_API_KEY": subjects.UPSTREAM_KEY},
-        TOKENGATE_LOGGING__OUTPUT=str(log),
-        TOKENGATE_LOGGING__LEVEL="info",
-        TOKENGATE_DATABASE__PATH=str(tmp / "tokengate.sqlite3"),
-        TOKENGATE_TOKEN_SCHEDULER__MAX_QUEUE_WAIT_MS=str(plan.max_queue_wait_ms),
+    """The quota sim and a gateway declaring its quota (shared with the quota scenario)."""
+    name = tmp.name
+    sim_url = quota.start_sim(group, f"{name}-sim", plan.rpm, plan.window_sec, plan.sim_latency_ms)
+    files = (
+        quota.domain_config(tmp, sim_url, DOMAIN, SIM_KEY_ENV, plan.rpm, plan.window_sec),
+        _settings(tmp, opens),
+    )
+    gw_url, log = quota.start_gateway(
+        group,
+        f"{name}-gateway",
+        tmp,
+        files,
+        SIM_KEY_ENV,
+        plan.max_queue_wait_ms,
+        TOKENGATE_LOGGING__LEVEL="info",  # the access lines carry each request's queue_ms
         TOKENGATE_BATCH__MAX_ITEMS=str(max(plan.items, 50_000)),
     )
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(gw_port)]
-    cmd += ["--config", str(_config(tmp, sim_url, plan)), "--settings", str(_settings(tmp, opens))]
-    gw = group.start(f"{tmp.name}-gateway", cmd, env=env)
-    gw_url = f"http://127.0.0.1:{gw_port}"
-    wait_http(f"{gw_url}/health/ready", gw, timeout=60, ok=lambda r: r.status_code == 200)
     return sim_url, gw_url, log
 
 
@@ -153,28 +128,17 @@ def _batch(gw_url: str, batch_id: str) -> dict[str, Any]:
     return dict(httpx.get(f"{gw_url}/v1/batches/{batch_id}", headers=headers, timeout=30).json())
 
 
-async def _interactive(gw_url: str, plan: Plan) -> list[int]:
-    url, headers = f"{gw_url}/v1/chat/completions", subjects.bearer(secret("web"))
-    interval = 1 / (plan.rpm / 60 * plan.interactive_share)
-    statuses: list[int] = []
-
-    async def one(session: aiohttp.ClientSession) -> None:
-        try:
-            async with session.post(url, data=common.chat_body(False), headers=headers) as r:
-                await r.read()
-                statuses.append(r.status)
-        except (TimeoutError, aiohttp.ClientError):
-            statuses.append(0)
-
-    timeout = aiohttp.ClientTimeout(total=plan.max_queue_wait_ms / 1000 + 20)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as s:
-        t0, tasks, i = time.monotonic(), [], 0
-        while (due := i * interval) < plan.seconds:
-            await asyncio.sleep(max(0.0, t0 + due - time.monotonic()))
-            tasks.append(asyncio.create_task(one(s)))
-            i += 1
-        await asyncio.gather(*tasks)
-    return statuses
+def _interactive(gw_url: str, plan: Plan) -> list[int]:
+    """Interactive traffic, open loop, at `interactive_share` of the quota (quota.load)."""
+    offered = quota.QuotaPlan(
+        rpm=plan.rpm,
+        window_sec=plan.window_sec,
+        seconds=plan.seconds,
+        max_queue_wait_ms=plan.max_queue_wait_ms,
+        keys=(("web", "normal", plan.interactive_share),),
+    )
+    outcomes, _ = asyncio.run(quota.load(gw_url, offered, secret))
+    return [o.status for o in outcomes]
 
 
 def _queue_ms(log: Path, key: str) -> list[float]:
@@ -203,7 +167,7 @@ def _one(tmp: Path, plan: Plan, deferred: bool) -> dict[str, object]:
             while not _batch(gw_url, batch_id)["tokengate_deferral"].get("released_at"):
                 time.sleep(0.2)
         released = time.monotonic()
-        statuses = asyncio.run(_interactive(gw_url, plan))
+        statuses = _interactive(gw_url, plan)
         if batch_id is not None:
             while (b := _batch(gw_url, batch_id))["status"] not in ("completed", "failed"):
                 time.sleep(0.5)
@@ -245,12 +209,46 @@ def run(tmp: Path, plan: Plan | None = None) -> dict[str, object]:
     }
 
 
+def markdown(r: dict[str, Any]) -> list[str]:
+    """The scenario's section of `make bench`'s report (report.py)."""
+    o = r.get("offpeak")
+    if not o:
+        return []
+    if "error" in o:
+        return ["## Scenario offpeak", "", f"- error: {o['error']}", ""]
+    p, plain, held = o["plan"], o["without_deferred"], o["with_deferred"]
+    rows = [
+        [
+            name,
+            str(run_["deferred_items"]),
+            str(run_["interactive_statuses"]),
+            f"{run_['interactive_queue_ms_p50']:g}",
+            f"{run_['interactive_queue_ms_p95']:g}",
+            f"{run_['interactive_queue_ms_p99']:g}",
+            str(run_["upstream_429"]),
+        ]
+        for name, run_ in (("without deferred work", plain), ("with deferred work", held))
+    ]
+    header = ["run", "deferred", "interactive answers", "queue p50 ms", "p95 ms", "p99 ms", "429s"]
+    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    table += ["| " + " | ".join(row) + " |" for row in rows]
+    return [
+        f"## Scenario offpeak: {p['items']} deferred requests released into a window "
+        f"({p['rpm']} rpm quota, interactive at {p['interactive_share']:.0%} of it for "
+        f"{p['seconds']:g} s)",
+        "",
+        *table,
+        "",
+        f"- deferred work: {held.get('batch_completed')} done in "
+        f"{held.get('batch_seconds_after_release')} s after release, "
+        f"{held.get('batch_items_per_sec')} items/s = {held.get('batch_goodput_of_spare_quota')} "
+        "of the quota interactive traffic leaves",
+        "",
+    ]
+
+
 def main() -> int:
-    sigterm_as_interrupt()
-    with tempfile.TemporaryDirectory(prefix="tokengate-bench-offpeak-") as tmp:
-        result = run(Path(tmp))
-    print(json.dumps(result, indent=2))
-    return 0
+    return quota.run_alone(run, "offpeak")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,16 +94,18 @@ def secret(alias: str) -> str:
     return f"tg-bench-quota-{alias}-0123456789abcdef"
 
 
-def _config(tmp: Path, sim_url: str, plan: QuotaPlan) -> Path:
+def domain_config(
+    tmp: Path, sim_url: str, domain: str, key_env: str, rpm: int, window_sec: float
+) -> Path:
     """The repo's config.toml with its one domain replaced by a quota-declaring one."""
     config = tomllib.loads((ROOT / "config" / "config.toml").read_text())
     table = dict(config.pop("scale_up", {}))
     table |= {
-        "domain": DOMAIN,
+        "domain": domain,
         "api_base": sim_url,
-        "api_key_env": SIM_KEY_ENV,
-        "requests_per_minute": plan.rpm,
-        "quota_window_sec": plan.window_sec,
+        "api_key_env": key_env,
+        "requests_per_minute": rpm,
+        "quota_window_sec": window_sec,
     }
     config["scale_up"] = [table]
     path = tmp / "config.toml"
@@ -123,34 +126,53 @@ def _keys(plan: QuotaPlan) -> list[dict[str, object]]:
     ]
 
 
+def start_sim(group: Group, name: str, rpm: int, window_sec: float, latency_ms: float) -> str:
+    """`tokengate sim` enforcing a quota of `rpm` per `window_sec`; its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(port)]
+    cmd += ["--api-key", subjects.UPSTREAM_KEY, "--no-record", "--rpm", str(rpm)]
+    cmd += ["--quota-window-sec", f"{window_sec:g}", "--latency-ms", f"{latency_ms:g}"]
+    sim = group.start(name, cmd, env=subjects.clean_env())
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/_sim/stats", sim)
+    return url
+
+
+def start_gateway(
+    group: Group,
+    name: str,
+    tmp: Path,
+    files: tuple[Path, Path],
+    key_env: str,
+    max_queue_wait_ms: int,
+    **env: str,
+) -> tuple[str, Path]:
+    """`tokengate serve` with (config, settings), logging to a file; its URL and log."""
+    config, settings = files
+    port, log = free_port(), tmp / "gateway.log"
+    environ = subjects.clean_env(
+        **{key_env: subjects.UPSTREAM_KEY, "TAOTOKEN_API_KEY": subjects.UPSTREAM_KEY},
+        TOKENGATE_LOGGING__OUTPUT=str(log),
+        TOKENGATE_DATABASE__PATH=str(tmp / "tokengate.sqlite3"),
+        TOKENGATE_TOKEN_SCHEDULER__MAX_QUEUE_WAIT_MS=str(max_queue_wait_ms),
+        **{"TOKENGATE_LOGGING__LEVEL": "warning", **env},
+    )
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+    cmd += ["--config", str(config), "--settings", str(settings)]
+    gw = group.start(name, cmd, env=environ)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health/ready", gw, timeout=60, ok=lambda r: r.status_code == 200)
+    return url, log
+
+
 def _start(group: Group, tmp: Path, plan: QuotaPlan) -> tuple[str, str, Path]:
     """The quota sim and a gateway whose domain declares the same quota."""
-    sim_port, gw_port = free_port(), free_port()
-    sim_cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(sim_port)]
-    sim_cmd += ["--api-key", subjects.UPSTREAM_KEY, "--no-record", "--rpm", str(plan.rpm)]
-    sim_cmd += [
-        "--quota-window-sec",
-        f"{plan.window_sec:g}",
-        "--latency-ms",
-        f"{plan.sim_latency_ms:g}",
-    ]
-    sim = group.start("quota-sim", sim_cmd, env=subjects.clean_env())
-    sim_url = f"http://127.0.0.1:{sim_port}"
-    wait_http(f"{sim_url}/_sim/stats", sim)
+    sim_url = start_sim(group, "quota-sim", plan.rpm, plan.window_sec, plan.sim_latency_ms)
+    config = domain_config(tmp, sim_url, DOMAIN, SIM_KEY_ENV, plan.rpm, plan.window_sec)
     settings = subjects.write_settings(tmp / "settings.json", _keys(plan))
-    log = tmp / "gateway.log"
-    env = subjects.clean_env(
-        **{SIM_KEY_ENV: subjects.UPSTREAM_KEY, "TAOTOKEN_API_KEY": subjects.UPSTREAM_KEY},
-        TOKENGATE_LOGGING__OUTPUT=str(log),
-        TOKENGATE_LOGGING__LEVEL="warning",
-        TOKENGATE_DATABASE__PATH=str(tmp / "tokengate.sqlite3"),
-        TOKENGATE_TOKEN_SCHEDULER__MAX_QUEUE_WAIT_MS=str(plan.max_queue_wait_ms),
+    gw_url, log = start_gateway(
+        group, "quota-gateway", tmp, (config, settings), SIM_KEY_ENV, plan.max_queue_wait_ms
     )
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(gw_port)]
-    cmd += ["--config", str(_config(tmp, sim_url, plan)), "--settings", str(settings)]
-    gw = group.start("quota-gateway", cmd, env=env)
-    gw_url = f"http://127.0.0.1:{gw_port}"
-    wait_http(f"{gw_url}/health/ready", gw, timeout=60, ok=lambda r: r.status_code == 200)
     return sim_url, gw_url, log
 
 
@@ -160,11 +182,10 @@ async def _send(
     alias: str,
     priority: str,
     t0: float,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str],
 ) -> Outcome:
     sent = time.monotonic()
     status, code = 0, "transport"
-    headers = headers or _headers(alias)
     try:
         async with session.post(url, data=common.chat_body(False), headers=headers) as resp:
             raw = await resp.read()
@@ -181,10 +202,6 @@ def _error_code(raw: bytes) -> str:
         return "?"
 
 
-def _headers(alias: str) -> dict[str, str]:
-    return subjects.bearer(secret(alias))
-
-
 async def _key_load(
     session: aiohttp.ClientSession,
     url: str,
@@ -192,6 +209,7 @@ async def _key_load(
     plan: QuotaPlan,
     t0: float,
     tasks: list[asyncio.Task[Outcome]],
+    headers: dict[str, str],
 ) -> None:
     """Send this key's share on a fixed schedule (open loop), for the whole window."""
     alias, priority, share = spec
@@ -199,17 +217,27 @@ async def _key_load(
     i = 0
     while (due := i * interval) < plan.seconds:
         await asyncio.sleep(max(0.0, t0 + due - time.monotonic()))
-        tasks.append(asyncio.create_task(_send(session, url, alias, priority, t0)))
+        tasks.append(asyncio.create_task(_send(session, url, alias, priority, t0, headers)))
         i += 1
 
 
-async def _load(gw_url: str, plan: QuotaPlan) -> tuple[list[Outcome], float]:
+async def load(
+    gw_url: str, plan: QuotaPlan, secret_of: Callable[[str], str] | None = None
+) -> tuple[list[Outcome], float]:
+    """Offer each of `plan.keys` its share of the quota, open loop, for `plan.seconds`;
+    every outcome, and when the offered window ended (seconds after it began)."""
     url = f"{gw_url}/v1/chat/completions"
+    secret_of = secret_of or secret
     timeout = aiohttp.ClientTimeout(total=plan.max_queue_wait_ms / 1000 + 20)
     tasks: list[asyncio.Task[Outcome]] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as s:
         t0 = time.monotonic()
-        await asyncio.gather(*(_key_load(s, url, spec, plan, t0, tasks) for spec in plan.keys))
+        await asyncio.gather(
+            *(
+                _key_load(s, url, spec, plan, t0, tasks, subjects.bearer(secret_of(spec[0])))
+                for spec in plan.keys
+            )
+        )
         window_end = time.monotonic() - t0
         outcomes = list(await asyncio.gather(*tasks))
     return outcomes, window_end
@@ -247,7 +275,7 @@ def run(tmp: Path, plan: QuotaPlan | None = None) -> dict[str, object]:
             f"{plan.oversubscription:g}x offered for {plan.seconds:g}s",
             flush=True,
         )
-        outcomes, window_end = asyncio.run(_load(gw_url, plan))
+        outcomes, window_end = asyncio.run(load(gw_url, plan))
         result = QuotaRun(plan, outcomes, window_end=window_end)
         stats = httpx.get(f"{sim_url}/_sim/stats", timeout=10).json()
         result.upstream_statuses = dict(stats["statuses"])
@@ -336,12 +364,17 @@ def summarize(run_: QuotaRun) -> dict[str, object]:
     }
 
 
-def main() -> int:
+def run_alone(scenario: Callable[[Path], dict[str, object]], name: str) -> int:
+    """`python -m tests.bench.<name>`: one scenario in a temp dir, its result as JSON."""
     sigterm_as_interrupt()
-    with tempfile.TemporaryDirectory(prefix="tokengate-bench-quota-") as tmp:
-        result = run(Path(tmp))
+    with tempfile.TemporaryDirectory(prefix=f"tokengate-bench-{name}-") as tmp:
+        result = scenario(Path(tmp))
     print(json.dumps(result, indent=2))
     return 0
+
+
+def main() -> int:
+    return run_alone(run, "quota")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.bench import offpeak
 from tests.bench.targets import HOT_PATH, Results, Target, cell, evaluate, rps
 
 SUBJECT_ORDER = (
@@ -429,6 +430,7 @@ def render(results: Results) -> str:
         _admission(results),
         _redis(results),
         _affinity(results),
+        offpeak.markdown(results),
     ]
     errors = results.get("errors", [])
     if errors:

@@ -17,7 +17,9 @@ Scenarios, in order (each one's failure is recorded and the next one still runs)
    the same with in-process limits at c=64, with Redis commands per request
    (`shared.py`);
 7. affinity: 200 agent sessions of 8 turns over three domains with their own prompt
-   caches, with and without prompt-cache affinity (`affinity.py`).
+   caches, with and without prompt-cache affinity (`affinity.py`);
+8. offpeak: 2,000 deferred requests released into an off-peak window beside interactive
+   traffic, against a run without them (`offpeak.py`, about 4 minutes).
 
 Writes tests/bench/results/<timestamp>/results.{json,md} and latest.{json,md}.
 Everything started is stopped on exit, error or Ctrl-C (process groups; see procs.py).
@@ -48,6 +50,7 @@ from tests.bench import (
     affinity,
     common,
     latency,
+    offpeak,
     quota,
     report,
     shared,
@@ -62,7 +65,17 @@ from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
 from tests.bench.rss import Sampler
 
 RESULTS = ROOT / "tests" / "bench" / "results"
-SCENARIOS = ("static", "sim", "streams", "quota", "throttle", "admission", "redis", "affinity")
+SCENARIOS = (
+    "static",
+    "sim",
+    "streams",
+    "quota",
+    "throttle",
+    "admission",
+    "redis",
+    "affinity",
+    "offpeak",
+)
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -219,6 +232,9 @@ def _measure(
         def affinity_() -> None:
             results["affinity"] = affinity.run(tmp / "affinity")
 
+        def offpeak_() -> None:
+            results["offpeak"] = offpeak.run(tmp / "offpeak")
+
         steps = {
             "static": static,
             "sim": sim,
@@ -228,6 +244,7 @@ def _measure(
             "admission": admission_,
             "redis": redis_,
             "affinity": affinity_,
+            "offpeak": offpeak_,
         }
         for name in SCENARIOS:
             if name in only:

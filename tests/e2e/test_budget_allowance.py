@@ -241,3 +241,23 @@ def test_two_replicas_spend_a_budget_to_its_end_not_early(
     assert figures is not None, refusal
     spent, limit, need = (int(v.replace(",", "")) for v in figures.groups())
     assert limit - need < spent <= limit  # what is left is less than one more request
+
+
+def test_a_cost_hold_is_priced_in_the_billing_window_in_force(sim: Sim, make_gateway: Make) -> None:
+    """All day is `peak` here, where output costs 20.00 instead of 10.00: 100 output tokens
+    hold 0.002 at peak, which a 0.0015 budget can not hold (at the base price, 0.001, it
+    could: the hold used to be priced so, and the request went through)."""
+    peak = {"input": "2.50", "output": "20.00"}
+    billing = {
+        "currency": "USD",
+        "windows": {"peak": {"start": "00:00", "end": "00:00"}},
+        "prices": {"gpt-4o": {**PRICES["gpt-4o"], "windows": {"peak": peak}}},
+    }
+    gw = make_gateway(spec({"period": "day", "max_cost": "0.0015"}, billing=billing), sim.url)
+    body = {"model": "gpt-4o", "messages": PROMPT, "max_tokens": 100}
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=gw.headers(), timeout=30)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "budget_exceeded", r.text
+    assert billed(sim) == 0  # nothing reached the upstream
+    body["max_tokens"] = 40  # 0.0008 at peak + the prompt: fits
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=gw.headers(), timeout=30)
+    assert r.status_code == 200, r.text

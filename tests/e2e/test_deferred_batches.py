@@ -31,8 +31,8 @@ def raw_batch(gw: Gateway, batch_id: str) -> dict[str, Any]:
     return dict(r.json())
 
 
-def deferred_count(gw: Gateway, outcome: str) -> float:
-    return metric_sum(gw.metrics(), "tokengate_deferred_total", outcome=outcome)
+def deferred_count(gw: Gateway, outcome: str, kind: str = "batch") -> float:
+    return metric_sum(gw.metrics(), "tokengate_deferred_total", outcome=outcome, kind=kind)
 
 
 def wait_for(check: Callable[[], Any], seconds: float = 30.0) -> Any:

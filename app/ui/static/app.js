@@ -202,10 +202,11 @@ function render(s) {
 
 function renderDeferred(held) {
   const rows = held.map((d) =>
-    el("tr", {}, cell(d.batch, "mono"), cell(d.window), cell(d.pending),
-      cell(d.held_since ? clock(d.held_since) : null), cell(d.release_at)),
+    el("tr", {}, cell(d.kind || "batch"), cell(d.id || d.batch, "mono"), cell(d.key),
+      cell(d.window), cell(d.pending), cell(d.held_since ? clock(d.held_since) : null),
+      cell(d.release_at)),
   );
-  fill(document.querySelector("#deferred tbody"), rows, "nothing held", 5);
+  fill(document.querySelector("#deferred tbody"), rows, "nothing held", 7);
 }
 
 function renderAudit(changes) {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from app.batch.deferral import Decision, decide, defer_window, note
 from app.billing.timetable import Timetable
 from app.config.billing import WindowConfig
@@ -70,3 +72,44 @@ def test_a_key_may_choose_its_own_window_or_idle_quota() -> None:
     assert defer_window(settings, "night") == "night"
     assert defer_window(settings, "none") is None  # idle upstream quota: at once
     assert defer_window(settings, None) == "offpeak"  # batch.defer_window (auto)
+
+
+def test_a_domain_may_choose_for_the_work_it_serves_and_a_key_overrides_it() -> None:
+    windows = {
+        "offpeak": {"start": "16:30", "end": "00:30"},
+        "night": {"start": "01:00", "end": "05:00"},
+    }
+    domains = [
+        {"domain": "gpu-a", "api_base": "http://a", "defer_window": "night"},
+        {"domain": "gpu-b", "api_base": "http://b", "defer_window": "none"},
+        {"domain": "gpu-c", "api_base": "http://c"},
+    ]
+    settings = Settings.model_validate({"billing": {"windows": windows}, "scale_up": domains})
+    assert defer_window(settings, None, "gpu-a") == "night"
+    assert defer_window(settings, None, "gpu-b") is None  # idle quota
+    assert defer_window(settings, None, "gpu-c") == "offpeak"  # unset: batch.defer_window
+    assert defer_window(settings, None, None) == "offpeak"  # several domains, none named
+    assert defer_window(settings, "offpeak", "gpu-b") == "offpeak"  # the key's word wins
+    one = Settings.model_validate(
+        {
+            "billing": {"windows": windows},
+            "scale_up": {"api_base": "http://a", **{"defer_window": "night"}},
+        }
+    )
+    assert defer_window(one, None, None) == "night"  # one domain: its choice for all
+
+
+def test_a_domain_naming_an_unknown_window_is_refused_at_start() -> None:
+    from app.config.errors import ConfigError
+    from app.runtime import compile_runtime
+
+    settings = Settings.model_validate(
+        {
+            "billing": {"windows": {"offpeak": {"start": "16:30", "end": "00:30"}}},
+            "scale_up": {"api_base": "http://a", "defer_window": "nightt"},
+        }
+    )
+    with pytest.raises(ConfigError) as refused:
+        compile_runtime(settings, {"TAOTOKEN_API_KEY": "sk-x"})
+    assert "scale_up[0].defer_window" in refused.value.render()
+    assert "no billing window 'nightt'" in refused.value.render()

@@ -54,12 +54,29 @@ async def test_items_are_recorded_once_and_counted(store: BatchStore) -> None:
 
 async def test_batches_are_listed_newest_first_page_by_page(store: BatchStore) -> None:
     for n in range(5):
-        await store.add_batch(batch(f"b{n}", 100 + n), "alice", [])
-    await store.add_batch(batch("other", 200), "bob", [])
+        await store.add_batch(batch(f"batch_b{n}", 100 + n), "alice", [])
+    await store.add_batch(batch("batch_other", 200), "bob", [])
+    await store.add_batch(batch("resp_tgd1", 300), "alice", [])  # a held response: not listed
     first = await store.list_batches("alice", None, 2)
     second = await store.list_batches("alice", first[-1]["id"], 2)
     rest = await store.list_batches("alice", second[-1]["id"], 10)
-    assert [b["id"] for b in first + second + rest] == ["b4", "b3", "b2", "b1", "b0"]
+    ids = [b["id"][len("batch_") :] for b in first + second + rest]
+    assert ids == ["b4", "b3", "b2", "b1", "b0"]
+
+
+async def test_held_responses_are_counted_per_owner_read_and_deleted(store: BatchStore) -> None:
+    await store.add_batch(
+        batch("resp_tgd1", 1), "alice", [("resp_tgd1", {"input": "a"}, "pending", None)]
+    )
+    await store.add_batch(batch("resp_tgd2", 2, status="cancelled"), "alice", [])
+    await store.add_batch(batch("resp_tgd3", 3), "bob", [])
+    await store.add_batch(batch("batch_x", 4), "alice", [])
+    assert await store.held_count("alice", "resp_tgd") == 1  # unfinished ones only
+    assert await store.first_request("resp_tgd1") == {"input": "a"}
+    await store.delete_batch("resp_tgd1")
+    assert await store.get_batch("resp_tgd1") is None
+    assert await store.pending("resp_tgd1") == [] and await store.first_request("resp_tgd1") is None
+    assert await store.held_count("alice", "resp_tgd") == 0
 
 
 async def test_a_lease_is_held_until_it_lapses_then_taken_over(

@@ -216,3 +216,13 @@ def test_a_model_is_priced_by_the_window_with_what_the_window_leaves_out_its_own
     assert prices.cost(tokens, "deepseek-chat", window="peak") == 2_470_000_000
     assert prices.cost(tokens, "deepseek-chat", window=NO_WINDOW) == 1_370_000_000
     assert prices.cost(tokens, "other", window="offpeak") is None
+
+
+def test_ahead_names_every_window_in_force_within_the_horizon() -> None:
+    t = table(peak={"start": "08:00", "end": "20:00"}, offpeak={"start": "00:30", "end": "08:00"})
+    noon = local(2026, 12, 5, 12, 0, tz=UTC)
+    assert t.ahead(noon, 60) == ("peak",)
+    assert t.ahead(local(2026, 12, 5, 19, 59, 30, tz=UTC), 60) == ("peak", NO_WINDOW)
+    assert t.ahead(local(2026, 12, 5, 7, 59, tz=UTC), 60) == ("offpeak", "peak")
+    assert t.ahead(local(2026, 12, 5, 0, 0, tz=UTC), 24 * 3600) == (NO_WINDOW, "offpeak", "peak")
+    assert table().ahead(noon, 60) == (NO_WINDOW,)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -102,3 +103,48 @@ async def test_a_background_response_always_goes_with_max_output_tokens(
     call = parse_call(RESPONSES, raw, gw.runtime.keys[0], "req", {}, time.perf_counter())
     await gw.pipeline.handle(call)
     assert upstream.bodies[0]["max_output_tokens"] == 300
+
+
+PEAK = {
+    "windows": {"peak": {"start": "08:00", "end": "20:00"}},
+    "prices": {"m-1": {"input": 2, "output": 8, "windows": {"peak": {"output": 16}}}},
+}
+NOON = datetime(2026, 12, 5, 12, 0, tzinfo=UTC).timestamp()
+NIGHT = datetime(2026, 12, 5, 2, 0, tzinfo=UTC).timestamp()
+
+
+def _at(gw: Gateway, t: float) -> None:
+    gw.pipeline.wall_clock = gw.pipeline.allowance.clock = lambda: t
+
+
+async def test_a_cost_hold_is_priced_in_the_window_in_force(
+    make_local_gateway: MakeGateway,
+) -> None:
+    """300 output tokens cost 0.0024 at the base price and 0.0048 at peak: a 0.003 budget
+    holds one at night and refuses one at noon (priced at the base, it was let through and
+    could spend past the budget)."""
+    upstream = Upstream()
+    settings = {**keyed({"period": "day", "max_cost": 0.003}), "billing": PEAK}
+    gw = make_local_gateway(settings, handler=upstream)
+    _at(gw, NOON)
+    with pytest.raises(BudgetExceeded, match="needs up to"):
+        await chat(gw, model="m-1")
+    assert upstream.bodies == []
+    _at(gw, NIGHT)
+    await chat(gw, model="m-1")
+    assert upstream.bodies[0]["max_tokens"] == 300
+
+
+async def test_a_window_beginning_before_the_request_can_be_served_is_priced_in(
+    make_local_gateway: MakeGateway,
+) -> None:
+    upstream = Upstream()
+    settings = {**keyed({"period": "day", "max_cost": 0.003}), "billing": PEAK}
+    gw = make_local_gateway(settings, handler=upstream)
+    eight = datetime(2026, 12, 5, 8, 0, tzinfo=UTC).timestamp()
+    _at(gw, eight - 5)  # peak begins within the queue wait and the upstream's timeout
+    with pytest.raises(BudgetExceeded):
+        await chat(gw, model="m-1")
+    _at(gw, eight - 6 * 3600)  # hours before it: the night's price
+    await chat(gw, model="m-1")
+    assert len(upstream.bodies) == 1
