@@ -28,7 +28,7 @@ from app.api import (
     stored_responses,
     ui,
 )
-from app.api.access import AccessRecorder
+from app.api.access_note import AccessRecorder
 from app.api.browser import BrowserGuard
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from app.api.access import refused
+from app.api.access_note import refused
 from app.api.errors import render
 from app.errors import BrowserRefused, GatewayError, UnsupportedMediaType
 

@@ -18,7 +18,7 @@ import time
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.access import note_of, refused
+from app.api.access_note import note_of, refused
 from app.api.body import ClientGone, read_body
 from app.api.errors import render
 from app.api.responses import SseResponse, send_json
