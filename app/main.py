@@ -22,7 +22,7 @@ from app.api import (
     batches,
     budgets,
     changes,
-    errors,
+    error_handlers as errors,
     health,
     openai,
     stored_responses,

@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from app.api.access_note import refused
-from app.api.errors import render
+from app.api.error_handlers import render
 from app.errors import BrowserRefused, GatewayError, UnsupportedMediaType
 
 _ORIGIN, _HOST, _TYPE, _FETCH, _PREFLIGHT = range(5)

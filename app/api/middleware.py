@@ -19,7 +19,7 @@ from random import getrandbits
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.access_note import AccessNote, AccessRecorder, refused
-from app.api.errors import render
+from app.api.error_handlers import render
 from app.errors import HeadersTooLarge
 
 _SAFE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
