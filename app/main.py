@@ -23,7 +23,7 @@ from app.api import (
     budgets,
     changes,
     error_handlers as errors,
-    health,
+    probes as health,
     openai,
     stored_responses,
     ui,
