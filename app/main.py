@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 from app.api import (
     admin,
     batches,
-    budgets,
+    budget_admin as budgets,
     changes,
     error_handlers as errors,
     probes as health,
