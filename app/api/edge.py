@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.api.access_note import note_of, refused
 from app.api.body import ClientGone, read_body
 from app.api.error_handlers import render
-from app.api.responses import SseResponse, send_json
+from app.api.relay import SseResponse, send_json
 from app.api.responses_socket import not_served, serve_socket
 from app.errors import GatewayError, InternalError, MethodNotAllowed, UpgradeRequired
 from app.gateway import Gateway
