@@ -36,7 +36,7 @@ from app.pipeline.request import (
     RESPONSES_COMPACT,
     Endpoint,
 )
-from app.pipeline.session import SESSION_HEADERS
+from app.pipeline.conversation import SESSION_HEADERS
 from app.pipeline.wire import parse_call
 from app.upstream.client import forwardable
 

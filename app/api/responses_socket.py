@@ -37,7 +37,7 @@ from app.api.error_handlers import render
 from app.api.middleware import new_request_id
 from app.errors import GatewayError, RateLimited, UpgradeRequired
 from app.gateway import Gateway
-from app.pipeline.session import SESSION_HEADERS
+from app.pipeline.conversation import SESSION_HEADERS
 from app.pipeline.socket_session import SocketSession
 from app.runtime import KeySpec
 from app.upstream.client import forwardable

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from app.kinds import QueueClass, ServiceTier
-from app.pipeline.session import session_key
+from app.pipeline.conversation import session_key
 from app.runtime import KeySpec
 from app.upstream.websocket import UpstreamSockets
 
