@@ -20,11 +20,11 @@ from starlette.types import ASGIApp
 from app.api import (
     admin,
     batches,
-    budget_admin as budgets,
+    budget_admin,
     changes,
-    error_handlers as errors,
-    probes as health,
+    error_handlers,
     openai,
+    probes,
     stored_responses,
     ui,
 )
@@ -95,13 +95,13 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.gateway = gateway
-    errors.install(app)
+    error_handlers.install(app)
     app.include_router(openai.router)
     app.include_router(batches.router)
     app.include_router(stored_responses.router)
-    app.include_router(health.router)
+    app.include_router(probes.router)
     app.include_router(admin.router)
-    app.include_router(budgets.router)
+    app.include_router(budget_admin.router)
     app.include_router(changes.router)
     if runtime.settings.ui.enabled:
         ui.install(app)

@@ -26,6 +26,7 @@ from app.api.responses_socket import not_served, serve_socket
 from app.errors import GatewayError, InternalError, MethodNotAllowed, UpgradeRequired
 from app.gateway import Gateway
 from app.pipeline.answer import Answer, JsonAnswer
+from app.pipeline.conversation import SESSION_HEADERS
 from app.pipeline.request import (
     CHAT,
     COMPLETIONS,
@@ -36,7 +37,6 @@ from app.pipeline.request import (
     RESPONSES_COMPACT,
     Endpoint,
 )
-from app.pipeline.conversation import SESSION_HEADERS
 from app.pipeline.wire import parse_call
 from app.upstream.client import forwardable
 
