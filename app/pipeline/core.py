@@ -191,7 +191,8 @@ class Pipeline:
             )
         slot.release()
         answer = accounting.json_answer(call, trace, ticket, reply, domain, lease)
-        await SpendGate.released(ticket.hold)
+        if ticket.hold is not None:  # a budget held in Redis: its settle is in flight
+            await SpendGate.released(ticket.hold)
         if call.on_response is not None and reply.usage is not None and reply.usage.response_id:
             await call.on_response(reply.usage.response_id, domain.name)
         return answer
