@@ -30,7 +30,7 @@
     └── InternalError             500     server_error (generic, never any detail)
 
 Each knows its HTTP status, its OpenAI `type`/`code`, whether an SDK retry can help
-(`should_retry`) and its `retry_after`. `app.api.errors` is the only renderer. Only
+(`should_retry`) and its `retry_after`. `app.api.error_handlers` is the only renderer. Only
 messages written here reach clients; anything else becomes `InternalError`.
 """
 

@@ -62,7 +62,7 @@ from app.limits.store import LimitStore, MemoryStore
 from app.live import LiveControls
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
-from app.pipeline.responses import ResponsesService
+from app.pipeline.responses_api import ResponsesService
 from app.reload import describe_reload, log_reload
 from app.runtime import DomainSpec, KeySpec, Runtime
 from app.status.board import StatusBoard

@@ -20,15 +20,15 @@ from starlette.types import ASGIApp
 from app.api import (
     admin,
     batches,
-    budgets,
+    budget_admin,
     changes,
-    errors,
-    health,
+    error_handlers,
     openai,
+    probes,
     stored_responses,
     ui,
 )
-from app.api.access import AccessRecorder
+from app.api.access_note import AccessRecorder
 from app.api.browser import BrowserGuard
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
@@ -95,13 +95,13 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.gateway = gateway
-    errors.install(app)
+    error_handlers.install(app)
     app.include_router(openai.router)
     app.include_router(batches.router)
     app.include_router(stored_responses.router)
-    app.include_router(health.router)
+    app.include_router(probes.router)
     app.include_router(admin.router)
-    app.include_router(budgets.router)
+    app.include_router(budget_admin.router)
     app.include_router(changes.router)
     if runtime.settings.ui.enabled:
         ui.install(app)

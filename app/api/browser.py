@@ -38,8 +38,8 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from app.api.access import refused
-from app.api.errors import render
+from app.api.access_note import refused
+from app.api.error_handlers import render
 from app.errors import BrowserRefused, GatewayError, UnsupportedMediaType
 
 _ORIGIN, _HOST, _TYPE, _FETCH, _PREFLIGHT = range(5)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.types import Scope
 
-from app.api.access import identify
+from app.api.access_note import identify
 from app.gateway import Gateway
 from app.runtime import KeySpec
 

@@ -18,14 +18,15 @@ import time
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.access import note_of, refused
+from app.api.access_note import note_of, refused
 from app.api.body import ClientGone, read_body
-from app.api.errors import render
-from app.api.responses import SseResponse, send_json
+from app.api.error_handlers import render
+from app.api.relay import SseResponse, send_json
 from app.api.responses_socket import not_served, serve_socket
 from app.errors import GatewayError, InternalError, MethodNotAllowed, UpgradeRequired
 from app.gateway import Gateway
 from app.pipeline.answer import Answer, JsonAnswer
+from app.pipeline.conversation import SESSION_HEADERS
 from app.pipeline.request import (
     CHAT,
     COMPLETIONS,
@@ -36,9 +37,8 @@ from app.pipeline.request import (
     RESPONSES_COMPACT,
     Endpoint,
 )
-from app.pipeline.session import SESSION_HEADERS
 from app.pipeline.wire import parse_call
-from app.upstream.client import forwardable
+from app.upstream.client import FORWARDED
 
 log = logging.getLogger("tokengate.errors")
 ROUTES: dict[str, Endpoint] = {
@@ -104,20 +104,23 @@ class EdgeRoutes:
         started = time.perf_counter()
         gateway = self.gateway
         authorization = api_key = session = None
-        for name, value in scope["headers"]:
+        forwarded: dict[str, str] = {}  # the allowlisted API-semantics headers: usually none
+        for name, value in scope["headers"]:  # one pass over the headers
             if name == b"authorization":
                 authorization = value.decode("latin-1")
             elif name == b"x-api-key":
                 api_key = value.decode("latin-1")
             elif name in SESSION_HEADERS:
                 session = value.decode("latin-1")
+            elif name in FORWARDED:
+                forwarded[name.decode("latin-1")] = value.decode("latin-1")
         caller = gateway.keys.authenticate(authorization, api_key)
         note = scope["state"].get("access")
         if note is not None:
             note.key, note.team = caller.alias, caller.team
         raw = await read_body(scope, receive, gateway.runtime.settings.server.max_body_bytes)
         request_id = scope["state"]["request_id"]
-        call = parse_call(endpoint, raw, caller, request_id, forwardable(scope["headers"]), started)
+        call = parse_call(endpoint, raw, caller, request_id, forwarded, started)
         call.session_header = session
         if gateway.tracer is not None:
             call.trace_context = _trace_headers(scope["headers"])

@@ -5,7 +5,7 @@ a sane token, else a fresh one), stores it in `scope["state"]` and returns it in
 `x-request-id` response header, on errors too. While the gateway drains it also sends
 `connection: close`, so keep-alive clients reconnect (to a live worker or replica)
 instead of racing the listener's shutdown on an idle connection. It is also where a
-request nothing deeper recorded gets its access-log line (`app.api.access`).
+request nothing deeper recorded gets its access-log line (`app.api.access_note`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from random import getrandbits
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.access import AccessNote, AccessRecorder, refused
-from app.api.errors import render
+from app.api.access_note import AccessNote, AccessRecorder, refused
+from app.api.error_handlers import render
 from app.errors import HeadersTooLarge
 
 _SAFE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")

@@ -33,11 +33,11 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from app.api.deps import caller_of
-from app.api.errors import render
+from app.api.error_handlers import render
 from app.api.middleware import new_request_id
 from app.errors import GatewayError, RateLimited, UpgradeRequired
 from app.gateway import Gateway
-from app.pipeline.session import SESSION_HEADERS
+from app.pipeline.conversation import SESSION_HEADERS
 from app.pipeline.socket_session import SocketSession
 from app.runtime import KeySpec
 from app.upstream.client import forwardable

@@ -12,10 +12,10 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from app.api.access import note_of
+from app.api.access_note import note_of
 from app.api.body import read_body
 from app.api.deps import CallerDep, GatewayDep
-from app.pipeline.responses import Relayed
+from app.pipeline.responses_api import Relayed
 
 router = APIRouter()
 

@@ -152,7 +152,7 @@ class BatchRunner:
         cfg, now = self.cfg, time.time()
         pending = (await self.store.counts(batch["id"])).get(ItemState.PENDING, 0)
         decision = decide(
-            self.pipeline.timetable,
+            self.pipeline.pricing.timetable,
             window,
             now,
             float(batch["expires_at"]),

@@ -120,7 +120,8 @@ class StreamAnswer:
                     if response.complete:
                         held += out
                     elif out:
-                        self._ttft()
+                        if not self._ttft_done:
+                            self._ttft()
                         yield out
                 held += relay.finish()
                 if not relay.done and not relay.has_usage:
@@ -133,7 +134,8 @@ class StreamAnswer:
             # settled (and the budgets' hold released in Redis) before the end of the
             # answer reaches the client: its next request never meets this one's hold
             await self._close(200 if outcome is None else 502, outcome)
-            await SpendGate.released(self._ticket.hold)
+            if self._ticket.hold is not None:
+                await SpendGate.released(self._ticket.hold)
             self.ending = True
             yield held
         except BaseException:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from app.kinds import QueueClass, ServiceTier
-from app.pipeline.session import session_key
+from app.pipeline.conversation import session_key
 from app.runtime import KeySpec
 from app.upstream.websocket import UpstreamSockets
 
@@ -99,7 +99,7 @@ class ClientRequest:
 
     @property
     def session(self) -> bytes:
-        """The conversation this request belongs to (session.py), read on first use (a
+        """The conversation this request belongs to (conversation.py), read on first use (a
         slotted record has no `__dict__` for `functools.cached_property`)."""
         if self._session is None:
             self._session = session_key(self.body, self.session_header)

@@ -57,7 +57,7 @@ from app.errors import (
 from app.metrics import Metrics
 from app.pipeline.answer import StreamAnswer
 from app.pipeline.request import RESPONSES_SOCKET
-from app.pipeline.responses import ResponsesService
+from app.pipeline.responses_api import ResponsesService
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
 from app.upstream.streaming import RESPONSES_TERMINAL

@@ -1,4 +1,5 @@
-"""Other engines under tokengate itself: granian (ASGI) against uvicorn as the server.
+"""Other engines under tokengate itself: granian (ASGI) against uvicorn as the server, and
+pyreqwest against aiohttp as the upstream client.
 
     python -m tests.bench.engines [--seconds 5] [--rounds 2] [-c 64]
 
@@ -10,11 +11,12 @@ against the static nginx upstream (non-streaming), interleaved cell by cell:
   default feature on) served by granian (`--interface asgi --loop uvloop
   --runtime-mode st --workers 1 --no-ws`), via `granian_app:app`;
 - `floor-relay` and `floor-relay-granian`: `floor_app:relay` (uvicorn + aiohttp, nothing
-  of tokengate) under each server.
+  of tokengate) under each server;
+- `tokengate-pyreqwest`: the same app on uvicorn (as `serve` runs it) with pyreqwest as
+  the upstream client (`reqwest_transport.py`, built by `reqwest_app:app`).
 
-granian is not a dependency of tokengate: `pip install granian` into the venv first.
-The upstream client stays aiohttp in all four (pyreqwest would need a transport of its
-own in app/upstream, with the conformance suite behind it: not measured here).
+granian and pyreqwest are not dependencies of tokengate: `pip install granian pyreqwest`
+into the venv first (`--only` leaves out what is not installed).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from tests.bench import common, subjects, throughput
 from tests.bench.common import Plan
 from tests.bench.procs import ROOT, Group, free_port, sigterm_as_interrupt, wait_http, wait_port
 
+SUBJECTS = (
+    "tokengate-uvicorn",
+    "tokengate-granian",
+    "tokengate-pyreqwest",
+    "floor-relay",
+    "floor-relay-granian",
+)
+
 
 def _granian(target: str, port: int, factory: bool) -> list[str]:
     exe = shutil.which("granian") or str(Path(sys.executable).parent / "granian")
@@ -38,12 +48,12 @@ def _granian(target: str, port: int, factory: bool) -> list[str]:
     return [*cmd, *(["--factory"] if factory else []), target]
 
 
-def tokengate_granian(group: Group, workdir: Path, upstream: str) -> subjects.Subject:
-    workdir.mkdir(parents=True, exist_ok=True)
+def _gateway_env(workdir: Path, upstream: str) -> dict[str, str]:
+    """What `subjects.tokengate` gives `tokengate serve`, for an app started otherwise."""
     key: dict[str, object] = {"alias": "bench", "key_sha256": subjects.sha256(subjects.GATEWAY_KEY)}
     key |= {"requests_per_minute": subjects.HUGE_RPM, "tokens_per_minute": subjects.HUGE_TPM}
     settings = subjects.write_settings(workdir / "settings.json", [key])
-    env = subjects.clean_env(
+    return subjects.clean_env(
         TAOTOKEN_API_KEY=subjects.UPSTREAM_KEY,
         TOKENGATE_API_ENDPOINT=upstream,
         TOKENGATE_LOGGING__OUTPUT=str(workdir / "gateway.log"),
@@ -54,6 +64,11 @@ def tokengate_granian(group: Group, workdir: Path, upstream: str) -> subjects.Su
         TOKENGATE_CONFIG=str(ROOT / "config" / "config.toml"),
         TOKENGATE_SETTINGS=str(settings),
     )
+
+
+def tokengate_granian(group: Group, workdir: Path, upstream: str) -> subjects.Subject:
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = _gateway_env(workdir, upstream)
     port = free_port()
     proc = group.start(
         "tokengate-granian", _granian("tests.bench.granian_app:app", port, True), env=env
@@ -63,6 +78,25 @@ def tokengate_granian(group: Group, workdir: Path, upstream: str) -> subjects.Su
     notes = ["granian ASGI, 1 worker, uvloop, single-threaded runtime; every default feature"]
     return subjects.Subject(
         "tokengate-granian", url, subjects.bearer(subjects.GATEWAY_KEY), proc, notes
+    )
+
+
+def tokengate_reqwest(group: Group, workdir: Path, upstream: str) -> subjects.Subject:
+    """tokengate on uvicorn with pyreqwest as its upstream client (`reqwest_app.py`)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = _gateway_env(workdir, upstream)
+    port = free_port()
+    exe = shutil.which("uvicorn") or str(Path(sys.executable).parent / "uvicorn")
+    cmd = [exe, "--factory", "tests.bench.reqwest_app:app", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+    cmd += ["--no-server-header", "--no-proxy-headers", "--timeout-keep-alive", "30"]
+    cmd += ["--log-level", "warning"]
+    proc = group.start("tokengate-pyreqwest", cmd, env=env)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health/ready", proc, timeout=60, ok=lambda r: r.status_code == 200)
+    notes = ["uvicorn (uvloop, httptools), pyreqwest upstream client; every default feature"]
+    return subjects.Subject(
+        "tokengate-pyreqwest", url, subjects.bearer(subjects.GATEWAY_KEY), proc, notes
     )
 
 
@@ -84,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("-c", type=int, default=64)
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=SUBJECTS,
+        default=list(SUBJECTS),
+        help="subjects to run (default: all)",
+    )
     args = p.parse_args(argv)
     sigterm_as_interrupt()
     plan = Plan.unpinned(seconds=args.seconds)
@@ -93,12 +134,18 @@ def main(argv: list[str] | None = None) -> int:
         with Group(tmp) as group:
             up = throughput.start_upstream(group, tmp, plan)
             url = up.json_url
-            subs = [
-                subjects.tokengate(group, "tokengate-uvicorn", tmp / "tgu", url, workers=1),
-                tokengate_granian(group, tmp / "tgg", url),
-                subjects.floor(group, "floor-relay", "relay", url, stream=False, cpus=None),
-                relay_granian(group, url),
-            ]
+            start = {
+                "tokengate-uvicorn": lambda: subjects.tokengate(
+                    group, "tokengate-uvicorn", tmp / "tgu", url, workers=1
+                ),
+                "tokengate-granian": lambda: tokengate_granian(group, tmp / "tgg", url),
+                "tokengate-pyreqwest": lambda: tokengate_reqwest(group, tmp / "tgr", url),
+                "floor-relay": lambda: subjects.floor(
+                    group, "floor-relay", "relay", url, stream=False, cpus=None
+                ),
+                "floor-relay-granian": lambda: relay_granian(group, url),
+            }
+            subs = [start[name]() for name in SUBJECTS if name in args.only]
             body = common.chat_body(False)
             for s in subs:
                 common.cell(s, body, args.c, plan, tmp, seconds=1)  # warm-up

@@ -11,7 +11,7 @@ import pytest
 from app.batch import held
 from app.kinds import BatchStatus, ItemState, ServiceTier
 from app.pipeline.request import CHAT, RESPONSES, RESPONSES_COMPACT
-from app.pipeline.responses import ResponsesService
+from app.pipeline.responses_api import ResponsesService
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
 

@@ -114,7 +114,7 @@ NIGHT = datetime(2026, 12, 5, 2, 0, tzinfo=UTC).timestamp()
 
 
 def _at(gw: Gateway, t: float) -> None:
-    gw.pipeline.wall_clock = gw.pipeline.allowance.clock = lambda: t
+    gw.pipeline.pricing.wall_clock = gw.pipeline.allowance.clock = lambda: t
 
 
 async def test_a_cost_hold_is_priced_in_the_window_in_force(

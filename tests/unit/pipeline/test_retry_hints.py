@@ -61,10 +61,10 @@ def test_retry_after_never_exceeds_what_the_sdk_honours() -> None:
 def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
     failure: AttemptFailed, kind: type, status: int, proxy: Callable[..., Gateway]
 ) -> None:
-    err = proxy().pipeline._final_error(failure, trace())
+    err = proxy().pipeline.failover.final_error(failure, trace())
     assert isinstance(err, kind) and err.status == status
     assert err.response_headers()["x-should-retry"] == "false"
-    relaxed = proxy("client").pipeline._final_error(failure, trace())
+    relaxed = proxy("client").pipeline.failover.final_error(failure, trace())
     assert "x-should-retry" not in relaxed.response_headers()
 
 
@@ -72,7 +72,7 @@ def test_exhausted_upstream_says_do_not_retry_in_cooperate_mode(
 def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(
     proxy: Callable[..., Gateway], mode: str
 ) -> None:
-    err = proxy(mode).pipeline._final_error(
+    err = proxy(mode).pipeline.failover.final_error(
         AttemptFailed(Reason.INSUFFICIENT_QUOTA, retryable=False, status=429), trace()
     )
     assert isinstance(err, UpstreamQuotaExhausted) and err.status == 429
@@ -83,7 +83,7 @@ def test_an_empty_upstream_balance_is_a_429_no_sdk_should_retry(
 
 
 def test_relayed_client_errors_are_permanent(proxy: Callable[..., Gateway]) -> None:
-    err = proxy().pipeline._final_error(
+    err = proxy().pipeline.failover.final_error(
         AttemptFailed(Reason.STATUS_4XX, retryable=False, status=422, body=b"{}"), trace(1)
     )
     assert isinstance(err, UpstreamRejected) and err.status == 422
@@ -112,7 +112,7 @@ def test_an_ambiguous_failure_held_back_says_why_and_no_sdk_should_retry(
     proxy: Callable[..., Gateway], mode: str, reason: Reason, kind: type
 ) -> None:
     failure = AttemptFailed(reason, retryable=True, ambiguous=True)
-    err = proxy(mode).pipeline._final_error(failure, trace(1))
+    err = proxy(mode).pipeline.failover.final_error(failure, trace(1))
     assert isinstance(err, kind)
     assert err.response_headers()["x-should-retry"] == "false"  # an SDK retry bills twice too
     assert "not sent again" in err.message

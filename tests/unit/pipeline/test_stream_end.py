@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.api.responses import SseResponse
+from app.api.relay import SseResponse
 from app.gateway import Gateway
 from app.pipeline.answer import StreamAnswer
 from app.pipeline.request import CHAT

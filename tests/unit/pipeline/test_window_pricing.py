@@ -36,7 +36,7 @@ async def test_a_request_the_upstream_finishes_after_the_window_opens_is_priced_
         return httpx.Response(200, json=CHAT_OK)
 
     gw = make_local_gateway(SETTINGS, handler=upstream)
-    gw.pipeline.wall_clock = lambda: now[0]
+    gw.pipeline.pricing.wall_clock = lambda: now[0]
     await gw.start()
     body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
     call = parse_call(CHAT, body, gw.keys.anonymous, "req_w", {}, time.perf_counter())

@@ -29,7 +29,7 @@ from starlette.types import Scope
 
 from app.errors import GatewayError, KeyExpired
 from app.metrics import Metrics
-from app.pipeline.core import NO_DOMAIN, access_log
+from app.pipeline.accounting import NO_DOMAIN, access_log
 from app.pipeline.trace import Trace
 from app.runtime import KeySpec
 from app.status.recent import Failure

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from app.pipeline.conversation import session_key
 from app.pipeline.request import CHAT
-from app.pipeline.session import session_key
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
 

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from app.api.access import refused
+from app.api.access_note import refused
 from app.errors import (
     FrameworkRefused,
     GatewayError,

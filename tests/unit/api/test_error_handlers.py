@@ -1,4 +1,4 @@
-"""Every refusal leaves as an OpenAI error body from the one renderer (`app.api.errors`),
+"""Every refusal leaves as an OpenAI error body from the one renderer (`app.api.error_handlers`),
 byte for byte what clients have always received."""
 
 from __future__ import annotations
