@@ -126,9 +126,7 @@ class AiohttpTransport:
         route = self._proxies.route(url.scheme, url.host, url.port)
         if route is None:
             return _Route(url)
-        host = f"[{route.host}]" if ":" in route.host else route.host
-        proxy = f"{route.scheme}://{host}:{route.port}"
-        auth = {"Proxy-Authorization": route.authorization} if route.authorization else None
+        proxy, auth = route.url, route.headers
         via = f" (via proxy {route.shown})"
         # aiohttp sends `proxy_headers` on a CONNECT only; a plain-http request through
         # the proxy carries the credential among its own headers.

@@ -104,10 +104,7 @@ class SocketDialer:
             "openai-beta": BETA,
         }
         route = self.proxies.route(scheme, host, port)
-        proxy = f"{route.scheme}://{route.host}:{route.port}" if route else None
-        auth = (
-            {"proxy-authorization": route.authorization} if route and route.authorization else None
-        )
+        proxy, auth = (route.url, route.headers) if route else (None, None)
         try:
             return await self._session.ws_connect(
                 url + "/v1/responses",

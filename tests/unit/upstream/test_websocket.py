@@ -137,11 +137,12 @@ async def test_an_upstream_without_the_mode_is_left_to_http() -> None:
     ("env", "proxied"),
     [
         ({"HTTP_PROXY": "http://u:p@proxy.local:3128"}, "http://proxy.local:3128"),
+        ({"HTTP_PROXY": "http://u:p@[::1]:3128"}, "http://[::1]:3128"),  # an IPv6 literal
         ({"HTTP_PROXY": "http://proxy.local:3128", "NO_PROXY": "up"}, None),
         ({"HTTPS_PROXY": "http://proxy.local:3128"}, None),  # an http:// upstream
         ({}, None),
     ],
-    ids=["http-proxy", "no-proxy", "other-scheme", "none"],
+    ids=["http-proxy", "ipv6-proxy", "no-proxy", "other-scheme", "none"],
 )
 async def test_upstream_socket_dials_honour_the_proxy_environment(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], proxied: str | None
@@ -162,4 +163,4 @@ async def test_upstream_socket_dials_honour_the_proxy_environment(
         await dialer.close()
     assert seen["url"] == "ws://up/v1/responses" and seen["proxy"] == proxied
     if proxied:  # the proxy's credential goes to the proxy, not in the URL
-        assert seen["proxy_headers"]["proxy-authorization"].startswith("Basic ")
+        assert seen["proxy_headers"]["Proxy-Authorization"].startswith("Basic ")
