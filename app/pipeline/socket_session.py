@@ -60,6 +60,7 @@ from app.pipeline.request import RESPONSES_SOCKET
 from app.pipeline.responses import ResponsesService
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
+from app.upstream.sse import event_data
 from app.upstream.streaming import RESPONSES_TERMINAL
 from app.upstream.websocket import UpstreamSockets
 
@@ -342,9 +343,9 @@ def _payloads(chunk: bytes) -> list[bytes]:
     """The `data:` of each complete SSE event in `chunk` (the relay hands whole events)."""
     out = []
     for event in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-        if lines:
-            out.append(b"\n".join(lines))
+        data = event_data(event)
+        if data is not None:
+            out.append(data)
     return out
 
 

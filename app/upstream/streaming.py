@@ -2,7 +2,8 @@
 
 The relay works on whole events (split at the blank line), so an event the client
 must not see can be removed without corrupting the stream, and a partial event is
-held only until its end arrives. Per event it reads, without a full parse when it
+held only until its end arrives. Each event's data is read by
+`sse.event_data` (the one SSE parser); per event it reads, without a JSON parse when it
 can: the content delta (to time the first token and estimate an interrupted
 stream), and `usage`. When the gateway itself added `stream_options.include_usage`,
 the usage-only chunk (empty `choices`) is captured and not forwarded.
@@ -33,6 +34,7 @@ from typing import Any
 import orjson
 
 from app.limits.estimate import TextCounter
+from app.upstream.sse import event_data
 from app.upstream.usage import anthropic_cache, cache_writes, cached_tokens
 
 _SEP = b"\n\n"
@@ -158,10 +160,10 @@ class SseRelay:
     def _inspect(self, event: bytes) -> bool:
         """Read one event; False if it must not be forwarded."""
         self.events += 1
-        payload = _data_of(event)
+        payload = event_data(event)
         if payload is None:
             return True
-        if payload == b"[DONE]":
+        if payload.startswith(b"[DONE]"):  # as the openai SDK reads it
             self.done = True
             return True
         if (self._skim or (self._skim_deltas and b'.delta"' in payload)) and not _names_usage(
@@ -308,15 +310,6 @@ def _names_usage(payload: bytes) -> bool:
             return True
         at = payload.find(b'"usage"', at + 7)
     return False
-
-
-def _data_of(event: bytes) -> bytes | None:
-    if event.startswith(b"data:") and b"\n" not in event:  # one line: most events
-        return event[5:].strip()
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            return line[5:].strip()
-    return None
 
 
 def _int(value: Any) -> int:
