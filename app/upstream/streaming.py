@@ -35,6 +35,7 @@ import orjson
 
 from app.limits.estimate import TextCounter
 from app.upstream.sse import event_data
+from app.upstream.turns import TERMINAL as RESPONSES_TERMINAL
 from app.upstream.usage import anthropic_cache, cache_writes, cached_tokens
 
 _SEP = b"\n\n"
@@ -50,7 +51,6 @@ _RESPONSES_DELTAS = frozenset(
         "response.reasoning_text.delta",
     }
 )
-RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _RESPONSES_START = frozenset({"response.created", "response.queued", "response.in_progress"})
 
 

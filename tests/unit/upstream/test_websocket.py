@@ -12,7 +12,8 @@ from pydantic import SecretStr
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
-from app.upstream.websocket import SocketDialer, Turn, UpstreamSockets, incremental
+from app.upstream.turns import Turn
+from app.upstream.websocket import SocketDialer, UpstreamSockets, incremental
 
 SYSTEM = {"role": "developer", "content": "be brief"}
 USER = {"role": "user", "content": "hi"}
