@@ -25,7 +25,7 @@ from app.upstream.breaker import Breaker, BreakerState
 from app.upstream.budget import RetryBudget
 from app.upstream.cause import Failure, address
 from app.upstream.client import UpstreamClient
-from app.upstream.health import ProbeResult
+from app.upstream.probe import ProbeResult
 
 _EWMA = 0.2
 log = logging.getLogger("tokengate.domain")

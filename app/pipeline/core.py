@@ -58,11 +58,11 @@ from app.pipeline.trace import Attempt, Trace
 from app.runtime import Runtime
 from app.status.recent import Failure
 from app.tracing import AttemptSpan, RequestSpan, Tracer
+from app.upstream.answer_usage import Usage, parse_usage
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.delivered import delivered_tokens
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.transport import UpstreamResponse
-from app.upstream.usage import Usage, parse_usage
 
 # Attempt outcomes that feed neither the breaker nor a verdict on the upstream's health.
 _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})

@@ -31,11 +31,11 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.sim import response_shapes as shapes
-from app.sim.errors import SimError
 from app.sim.knobs import paced
+from app.sim.refusals import SimError
 
 if TYPE_CHECKING:
-    from app.sim.server import Sim
+    from app.sim.simulator import Sim
 
 MAX_STORED = 10_000
 MAX_CACHED_PREFIXES = 1_000

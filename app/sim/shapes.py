@@ -17,9 +17,9 @@ from typing import Any
 
 from app.sim import prompts, text
 from app.sim.cache import CacheUse, PromptCache
-from app.sim.errors import SimError
 from app.sim.knobs import SimKnobs
 from app.sim.messages import bad_signature, message_body, message_events, sse
+from app.sim.refusals import SimError
 from app.sim.tools import ToolCall, choose, split_json, tool_call_tokens
 
 _VALID = "invalid_request_error"

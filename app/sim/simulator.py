@@ -35,11 +35,11 @@ from starlette.types import Receive, Scope, Send
 
 from app.sim import shapes
 from app.sim.cache import PromptCache
-from app.sim.errors import SimError
 from app.sim.knobs import Faults, SimKnobs, StreamDropped, paced
 from app.sim.messages import count_tokens_body
 from app.sim.quota import Quota
-from app.sim.responses import Renderers, ResponsesSim
+from app.sim.refusals import SimError
+from app.sim.responses_api import Renderers, ResponsesSim
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"

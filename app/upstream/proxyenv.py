@@ -7,11 +7,11 @@ winning. `NO_PROXY` matching is the standard library's (`urllib.request`), so it
 with what Python tools on the same node do.
 
 `ProxyRoute.url` and `ProxyRoute.headers` are what both upstream clients hand aiohttp
-(the HTTP transport, `session.py`, and the Responses WebSocket, `websocket.py`), so an
+(the HTTP transport, `aiohttp_transport.py`, and the Responses WebSocket, `websocket.py`), so an
 IPv6-literal proxy or one with credentials is reached the same way by both.
 
 It is read once, when a transport is built, so the line logged at start stays true for
-the life of the process; the transport (`session.py`) takes the route resolved here
+the life of the process; the transport (`aiohttp_transport.py`) takes the route resolved here
 rather than letting aiohttp read the environment itself. A proxy's credentials live
 only in `ProxyRoute.authorization` (the Proxy-Authorization value): `shown`, the form
 used in logs and errors, never carries them.

@@ -11,7 +11,7 @@ the usage-only chunk (empty `choices`) is captured and not forwarded.
 Anthropic's Messages stream (`event:` lines) carries usage in `message_start` and
 `message_delta`; the same relay reads it. A field `message_delta` sets (not null) wins
 over `message_start`'s, and the prompt is input + cache read + cache creation tokens
-(see usage.py: each prompt token counted once). The Responses API's typed events are read
+(see answer_usage.py: each prompt token counted once). The Responses API's typed events are read
 too: the response id and model in `response.created`, the usage in the terminal event
 (`response.completed`, `response.incomplete` or `response.failed`).
 
@@ -34,9 +34,9 @@ from typing import Any
 import orjson
 
 from app.limits.estimate import TextCounter
+from app.upstream.answer_usage import anthropic_cache, cache_writes, cached_tokens
 from app.upstream.sse import event_data
 from app.upstream.turns import TERMINAL as RESPONSES_TERMINAL
-from app.upstream.usage import anthropic_cache, cache_writes, cached_tokens
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from app.upstream.aiohttp_transport import AiohttpTransport
 from app.upstream.proxyenv import Proxies
-from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport
 from tests.support.forward_proxy import ForwardProxy
 from tests.support.loopback import Upstream, ok, serve, within
