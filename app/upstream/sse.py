@@ -37,9 +37,13 @@ class Event:
 def event_data(block: bytes) -> bytes | None:
     """The data of one event block (its lines, without the blank line that ends it):
     the `data` fields' values joined by LF; None when it has no `data` field (the spec
-    dispatches nothing then)."""
-    if block.startswith(b"data:") and b"\n" not in block and b"\r" not in block:
-        return block[6:] if block[5:6] == b" " else block[5:]  # no copy of a 1-byte slice
+    dispatches nothing then). Its lines end in LF: the relay makes every CRLF and CR a
+    LF before it cuts events (one scan of the block less per token)."""
+    if b"\n" not in block:  # one line: most events (one slice, no other copy)
+        if block.startswith(b"data: "):
+            return block[6:]
+        if block.startswith(b"data:"):
+            return block[5:]
     data: bytes | None = None
     more: list[bytes] | None = None
     for line in block.splitlines():  # bytes.splitlines: CRLF, LF and CR only, as SSE

@@ -139,19 +139,19 @@ class SseRelay:
         return b"".join(e + _SEP for e in kept)
 
     def _crlf(self, chunk: bytes) -> bytes:
-        """The chunk with its CRLFs as LFs. A CR ending it waits for the next chunk (the
-        pair may be split across two reads), so each byte is normalised exactly once,
-        wherever the reads cut the stream."""
+        """The chunk with its line ends (CRLF, or CR alone, as SSE allows) as LFs. A CR
+        ending it waits for the next chunk (a CRLF may be split across two reads), so
+        each byte is normalised exactly once, wherever the reads cut the stream."""
         if self._cr:
             chunk, self._cr = b"\r" + chunk, False
         if chunk[-1:] == b"\r":
             chunk, self._cr = chunk[:-1], True
-        return chunk.replace(b"\r\n", b"\n")
+        return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def finish(self) -> bytes:
         """What is left when the upstream closed (a last event without its blank line)."""
-        if self._cr:  # a CR that never met its LF is a byte of the last event
-            self._tail, self._cr = self._tail + b"\r", False
+        if self._cr:  # a CR that never met its LF ends a line all the same
+            self._tail, self._cr = self._tail + b"\n", False
         event, self._tail = self._tail.strip(b"\n"), b""
         if event.strip() and self._inspect(event):
             return event + _SEP

@@ -46,7 +46,7 @@ def test_event_types_ids_retry_bom_and_unknown_fields() -> None:
         (b"data:  {}", b" {}"),
         (b"event: response.completed\ndata: {}", b"{}"),
         (b"data: a\ndata: b", b"a\nb"),
-        (b"data: a\r\ndata: b\rdata: c", b"a\nb\nc"),
+        (b"data: a\ndata: b\ndata: c", b"a\nb\nc"),
         (b": keep-alive", None),
         (b"event: ping", None),
         (b"data", b""),
