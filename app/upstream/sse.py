@@ -13,7 +13,8 @@ event stream"): the one parser of the gateway and the sim's tests.
              retry ─► the reconnection time, if all ASCII digits
              other ─► ignored
 
-Two ways in. `EventReader` is the full parser (chunks cut anywhere, the `event`, `id`
+`data_event` writes one (the upstream WebSocket's frames go through the relay as
+events). Two ways in. `EventReader` is the full parser (chunks cut anywhere, the `event`, `id`
 and `retry` fields), for the gateway's own streams that are not relayed byte for byte.
 `event_data` reads one event block the relay has already cut at its blank line and
 answers only its data, with no copy for the usual one-line `data:` event (the relay
@@ -59,6 +60,14 @@ def event_data(block: bytes) -> bytes | None:
     return b"\n".join(more) if more is not None else data
 
 
+def data_event(payload: bytes) -> bytes:
+    """`payload` written as one event of data only: each of its lines a `data:` line
+    (a WebSocket frame may be pretty-printed JSON), so a reader joins them back with LF."""
+    if b"\n" not in payload and b"\r" not in payload:  # compact JSON: one line
+        return b"data: " + payload + b"\n\n"
+    return b"".join([b"data: " + line + b"\n" for line in payload.splitlines()]) + b"\n"
+
+
 @dataclass(slots=True)
 class EventReader:
     """The events of a stream fed in chunks cut anywhere (`feed`, then `close`).
@@ -101,7 +110,7 @@ class EventReader:
             if len(self._buffer) > self.limit:
                 self._buffer, self._skip = b"", True
                 self._reset()
-        if lines and lines[-1].endswith(b"\r"):
+        if data.endswith(b"\r"):
             self._cr = True  # its LF may open the next chunk
         out: list[Event] = []
         for line in lines:

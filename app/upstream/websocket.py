@@ -42,6 +42,7 @@ import orjson
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.proxyenv import Proxies
+from app.upstream.sse import data_event
 from app.upstream.turns import Recorder, Turn
 
 log = logging.getLogger("tokengate.upstream")
@@ -253,7 +254,7 @@ class SocketAnswer:
             if turn.ended:
                 self.complete = True
                 self._link.last = turn.turn()
-            yield b"data: " + raw + b"\n\n"
+            yield data_event(raw)
             if self.complete:
                 return
             raw = await self._frame()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.upstream.sse import Event, EventReader, event_data, parse
+from app.upstream.sse import Event, EventReader, data_event, event_data, parse
 
 # The standard's examples, verbatim.
 STOCKS = b"data: YHOO\ndata: +2\ndata: 10\n\n"
@@ -62,6 +62,14 @@ def test_an_overlong_line_is_dropped_whole_not_parsed_from_its_middle() -> None:
     reader = EventReader(limit=16)
     assert reader.feed(b"data: " + b"x" * 40) == []
     assert reader.feed(b"data: injected\n\ndata: ok\n\n") == [Event("ok")]
+
+
+def test_a_cr_inside_a_chunk_does_not_swallow_the_next_chunks_lf() -> None:
+    """Only a CR that ends a chunk may pair with a LF opening the next (found by the
+    chunk-cut property below)."""
+    reader = EventReader()
+    assert reader.feed(b"data: a\rda") == []
+    assert reader.feed(b"\n\n") == [Event("a")]
 
 
 # Values of fields: any text without a line end (the standard's "any char" less CR, LF).
@@ -128,3 +136,12 @@ def test_the_relays_reading_agrees_with_the_parser(case: tuple[bytes, list[Event
     blocks = [b for b in stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n")]
     found = [d.decode() for b in blocks if (d := event_data(b)) is not None]
     assert found == [e.data for e in events]
+
+
+@given(st.binary().map(lambda b: b.replace(b"\r", b"")))
+def test_a_written_data_event_reads_back(payload: bytes) -> None:
+    """What `data_event` writes, `event_data` reads back (lines ending in LF; a trailing
+    LF is a line end the writer does not repeat)."""
+    written = data_event(payload)
+    assert written.endswith(b"\n\n") and b"\n\n" not in written[:-2]  # one event
+    assert event_data(written[:-2]) == b"\n".join(payload.splitlines())

@@ -12,6 +12,7 @@ from pydantic import SecretStr
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
+from app.upstream.sse import event_data
 from app.upstream.turns import Turn
 from app.upstream.websocket import SocketDialer, UpstreamSockets, incremental
 
@@ -106,6 +107,24 @@ async def test_a_socket_carries_a_conversation_and_resends_it_whole_when_forgott
     assert second is not None and second.status == 200
     assert one.sent[1]["previous_response_id"] == "r1" and one.sent[1]["input"] == [OUTPUT]
     assert one.closed and two.sent[0]["input"] == [SYSTEM, USER, CALL, OUTPUT]  # whole, fresh
+
+
+async def test_a_pretty_printed_frame_reaches_the_relay_whole() -> None:
+    """A frame is JSON, maybe over several lines: each is a `data:` line of one event,
+    so the relay and the client session read the frame back whole."""
+    socket = PrettySocket([turn("r1", CALL)])
+    sockets = UpstreamSockets(FakeDialer(socket))  # type: ignore[arg-type]
+    answer = await sockets.send(SPEC, json.dumps(body(SYSTEM, USER)).encode())
+    assert answer is not None
+    out = await drain(answer)
+    events = [event_data(e) for e in out.split(b"\n\n") if e]
+    assert [json.loads(e or b"") for e in events] == turn("r1", CALL) and answer.complete
+
+
+class PrettySocket(FakeSocket):
+    async def send_str(self, data: str) -> None:
+        await super().send_str(data)
+        self.frames = [json.dumps(json.loads(f), indent=2) for f in self.frames]
 
 
 async def test_errors_are_statuses_and_a_cut_stream_a_reset() -> None:
