@@ -6,7 +6,7 @@ domain suffix, `host:port`, or `*`), each in lower or upper case with the lower-
 winning. `NO_PROXY` matching is the standard library's (`urllib.request`), so it agrees
 with what Python tools on the same node do.
 
-`ProxyRoute.url` and `ProxyRoute.headers` are what both upstream clients hand aiohttp
+`ProxyRoute.url` and `ProxyRoute.credential_for` are what both upstream clients hand aiohttp
 (the HTTP transport, `aiohttp_transport.py`, and the Responses WebSocket, `websocket.py`), so an
 IPv6-literal proxy or one with credentials is reached the same way by both.
 
@@ -44,6 +44,15 @@ class ProxyRoute:
     def headers(self) -> dict[str, str] | None:
         """The Proxy-Authorization header for the proxy, if it takes credentials."""
         return {"Proxy-Authorization": self.authorization} if self.authorization else None
+
+    def credential_for(self, scheme: str) -> tuple[dict[str, str] | None, dict[str, str] | None]:
+        """Where the credential goes to an origin of `scheme`: (the CONNECT's headers,
+        the request's own headers). aiohttp sends `proxy_headers` on a CONNECT only (an
+        https:// or wss:// origin); a plain http:// or ws:// request through the proxy
+        carries it among its own headers (the proxy strips it)."""
+        if scheme in ("https", "wss"):
+            return self.headers, None
+        return None, self.headers
 
 
 def _bracketed(host: str) -> str:

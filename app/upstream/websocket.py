@@ -95,7 +95,10 @@ class SocketDialer:
             "openai-beta": BETA,
         }
         route = self.proxies.route(scheme, host, port)
-        proxy, auth = (route.url, route.headers) if route else (None, None)
+        proxy, auth = None, None
+        if route is not None:
+            proxy, (auth, own) = route.url, route.credential_for(scheme)
+            headers.update(own or {})  # a ws:// upgrade carries it itself (no CONNECT)
         try:
             return await self._session.ws_connect(
                 url + "/v1/responses",
