@@ -5,8 +5,9 @@ It speaks the two forms a client uses: `CONNECT host:port` (a tunnel, then bytes
 ways: how https:// is proxied) and absolute-form requests (`POST http://host:port/p`,
 rewritten to origin-form and forwarded without the proxy's credential: how http:// is
 proxied; after a WebSocket upgrade, bytes both ways). With `credentials` it answers 407
-unless Proxy-Authorization is Basic with them. It records what it saw (`heads`: each request head as received) so a test can
-assert which requests went through it, and with which headers.
+unless Proxy-Authorization is Basic with them. It records what it saw (`heads`: each
+request head as received) so a test can assert which requests went through it, and with
+which headers.
 """
 
 from __future__ import annotations
