@@ -163,7 +163,7 @@ class SseRelay:
         payload = event_data(event)
         if payload is None:
             return True
-        if payload.startswith(b"[DONE]"):  # as the openai SDK reads it
+        if payload == b"[DONE]":
             self.done = True
             return True
         if (self._skim or (self._skim_deltas and b'.delta"' in payload)) and not _names_usage(
