@@ -28,7 +28,8 @@ event with the HTTP status the same request would have got: `{"type": "error", "
 429, "error": {...}, "headers": {"retry-after": ...}}` (Codex acts on `status` and
 `headers`; an error event without `status` it would ignore until its idle timeout).
 
-Per connection the session keeps the last few responses (`websocket_cached_responses`):
+Per connection the session keeps the last few responses (`websocket_cached_responses`),
+each a `Turn` (`app/upstream/turns.py`, the model the upstream socket keeps too):
 their input and output item lists share the items of the ones before, so the memory of
 a connection grows with its conversation, not with the number of its turns.
 """

@@ -6,7 +6,10 @@ connection holds at most one upstream socket per domain (opened on first use wit
 domain's key, reused for every later request the pipeline sends there, closed with the
 client connection). Everything else about a request is unchanged: the pipeline's limits,
 queue, retries, fallback and accounting see an `UpstreamResponse` whose body is the
-upstream's frames written as SSE events.
+upstream's frames written as SSE events (`sse.data_event`): the relay that reads usage,
+times the first token and ends an interrupted stream reads SSE, whichever way the answer
+came. What a socket's cache holds is the `Turn` of `turns.py`, the model the client's
+session keeps too.
 
     send(body) ──► this socket's last completed response is a prefix of body.input
                    (its input + its output items)?
