@@ -69,7 +69,7 @@ from app.status.board import StatusBoard
 from app.upstream.breaker import Breaker
 from app.upstream.budget import RetryBudget
 from app.upstream.client import UpstreamClient, make_transport
-from app.upstream.health import probe
+from app.upstream.probe import probe
 from app.upstream.transport import Timeouts, Transport
 from app.upstream.websocket import SocketDialer
 

@@ -65,6 +65,19 @@ class ApiStyle(StrEnum):
         return self is ApiStyle.BOTH or self is wanted
 
 
+class DomainState(StrEnum):
+    """What a domain is doing, worst first (`/health/ready` and `/admin/status` show it;
+    the status page alerts on it): its breaker open, its probe failing, its upstream
+    account empty, cooling down after a 429, healthy, or not probed yet."""
+
+    CIRCUIT_OPEN = "circuit_open"
+    UNHEALTHY = "unhealthy"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    THROTTLED = "throttled"
+    HEALTHY = "healthy"
+    UNKNOWN = "unknown"
+
+
 class TokenKind(StrEnum):
     """The `kind` label of the token counters."""
 

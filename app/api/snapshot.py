@@ -21,6 +21,7 @@ from app.api import views
 from app.billing.prices import amount, render
 from app.dispatch.domain import Domain
 from app.gateway import Gateway
+from app.kinds import DomainState
 from app.limits.admission import KeyUse
 from app.limits.spend import BudgetState
 from app.runtime import KeySpec
@@ -178,13 +179,13 @@ def attention(
 def _domain(domain: Domain, capacity: int) -> Iterator[tuple[str, str]]:
     name, state = domain.name, domain.state()
     why = f": {domain.why()}" if domain.why() else ""
-    if state == "circuit_open":
+    if state is DomainState.CIRCUIT_OPEN:
         yield CRITICAL, f"domain {name}: circuit open after repeated upstream failures{why}"
-    elif state == "unhealthy":
+    elif state is DomainState.UNHEALTHY:
         yield CRITICAL, f"domain {name}: its health probe fails{why}"
-    elif state == "quota_exhausted":
+    elif state is DomainState.QUOTA_EXHAUSTED:
         yield CRITICAL, f"domain {name}: the upstream account's balance is exhausted"
-    elif state == "throttled":
+    elif state is DomainState.THROTTLED:
         cooling = domain.dispatcher.pacer.cooling()
         yield WARNING, f"domain {name}: the upstream answered 429, cooling down {cooling:.1f}s"
     depth = len(domain.dispatcher.queue)

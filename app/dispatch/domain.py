@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from app.dispatch.dispatcher import Dispatcher
+from app.kinds import DomainState
 from app.log import redacted_url
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed
@@ -25,7 +26,7 @@ from app.upstream.breaker import Breaker, BreakerState
 from app.upstream.budget import RetryBudget
 from app.upstream.cause import Failure, address
 from app.upstream.client import UpstreamClient
-from app.upstream.health import ProbeResult
+from app.upstream.probe import ProbeResult
 
 _EWMA = 0.2
 log = logging.getLogger("tokengate.domain")
@@ -127,16 +128,16 @@ class Domain:
     def observe_latency(self, seconds: float) -> None:
         self.latency += _EWMA * (seconds - self.latency)
 
-    def state(self) -> str:
+    def state(self) -> DomainState:
         if self.breaker.is_open:
-            return "circuit_open"
+            return DomainState.CIRCUIT_OPEN
         if self.healthy is False:
-            return "unhealthy"
+            return DomainState.UNHEALTHY
         if self.quota_exhausted:
-            return "quota_exhausted"
+            return DomainState.QUOTA_EXHAUSTED
         if self.dispatcher.pacer.cooling() > 0:
-            return "throttled"
-        return "healthy" if self.healthy else "unknown"
+            return DomainState.THROTTLED
+        return DomainState.HEALTHY if self.healthy else DomainState.UNKNOWN
 
     def status(self) -> dict[str, object]:
         probe = self.last_probe

@@ -30,8 +30,8 @@ from app.pipeline.pricing import Pricing
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
 from app.status.recent import Failure
+from app.upstream.answer_usage import Usage
 from app.upstream.delivered import delivered_tokens
-from app.upstream.usage import Usage
 
 access_log = logging.getLogger("tokengate.access")
 NO_DOMAIN = "none"  # the `domain` of a request refused before any domain was chosen

@@ -27,10 +27,10 @@ from app.limits.spend import SpendGate
 from app.metrics import Metrics
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
+from app.upstream.answer_usage import Usage
 from app.upstream.attempt import AttemptFailed
 from app.upstream.streaming import SseRelay, error_event, failed_event
 from app.upstream.transport import UpstreamResponse
-from app.upstream.usage import Usage
 
 
 class Finish(Protocol):

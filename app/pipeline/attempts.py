@@ -28,10 +28,10 @@ from app.pipeline.request import ClientRequest
 from app.pipeline.tiers import ServiceTiers
 from app.pipeline.trace import Attempt, Trace
 from app.tracing import AttemptSpan, RequestSpan
+from app.upstream.answer_usage import parse_usage
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.transport import UpstreamResponse
-from app.upstream.usage import parse_usage
 
 # Attempt outcomes that feed neither the breaker nor a verdict on the upstream's health.
 _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})

@@ -28,7 +28,8 @@ event with the HTTP status the same request would have got: `{"type": "error", "
 429, "error": {...}, "headers": {"retry-after": ...}}` (Codex acts on `status` and
 `headers`; an error event without `status` it would ignore until its idle timeout).
 
-Per connection the session keeps the last few responses (`websocket_cached_responses`):
+Per connection the session keeps the last few responses (`websocket_cached_responses`),
+each a `Turn` (`app/upstream/turns.py`, the model the upstream socket keeps too):
 their input and output item lists share the items of the ones before, so the memory of
 a connection grows with its conversation, not with the number of its turns.
 """
@@ -41,7 +42,6 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -60,7 +60,8 @@ from app.pipeline.request import RESPONSES_SOCKET
 from app.pipeline.responses_api import ResponsesService
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
-from app.upstream.streaming import RESPONSES_TERMINAL
+from app.upstream.sse import event_data
+from app.upstream.turns import Recorder, Turn
 from app.upstream.websocket import UpstreamSockets
 
 Send = Callable[[str], Awaitable[None]]
@@ -68,15 +69,6 @@ Send = Callable[[str], Awaitable[None]]
 _QUIET = frozenset({"response.processed"})
 # Fields of `response.create` that are the socket's, not a Responses API body's.
 _SOCKET_ONLY = ("type", "generate", "stream_id")
-
-
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """What a later request on this connection may continue from."""
-
-    items: list[Any]  # the whole input it was generated from
-    output: list[Any]  # the items it produced (`response.output_item.done`)
-    size: int = 0  # bytes of its JSON (input and output): what it makes the connection keep
 
 
 class SocketSession:
@@ -164,7 +156,7 @@ class SocketSession:
         if message.get("generate") is False:
             self.metrics.record_socket_message("warmup")
             await self.service.warm_up(key, body.get("model"), self.new_request_id())
-            await self._warm_up(body, Turn(items, [], len(raw)), send)
+            await self._warm_up(body, items, len(raw), send)
             return
         self.metrics.record_socket_message("create")
         await self._create(key, raw, items, started, send)
@@ -196,12 +188,12 @@ class SocketSession:
         body["stream"] = True
         return body, items
 
-    def _keep(self, response_id: str, turn: Turn) -> None:
+    def _keep(self, turn: Turn) -> None:
         """The latest turn always; older ones while they are at most `cached`, and their
         sizes add up to at most `max_body` (turns of one conversation share their items,
         but turns of different branches do not: this bounds the items a connection holds
         to one request body's worth)."""
-        self.turns[response_id] = turn
+        self.turns[turn.response_id] = turn
         self.kept_bytes += turn.size
         while len(self.turns) > 1 and (
             len(self.turns) > self.cached or self.kept_bytes > self.max_body
@@ -209,11 +201,11 @@ class SocketSession:
             _, dropped = self.turns.popitem(last=False)
             self.kept_bytes -= dropped.size
 
-    async def _warm_up(self, body: dict[str, Any], turn: Turn, send: Send) -> None:
+    async def _warm_up(self, body: dict[str, Any], items: list[Any], size: int, send: Send) -> None:
         """`generate: false`: nothing goes upstream; the id lets the next request send only
         what is new."""
         response_id = f"resp_{uuid.uuid4().hex}"
-        self._keep(response_id, turn)
+        self._keep(Turn(response_id, items, [], size))
         response: dict[str, Any] = {
             "id": response_id,
             "object": "response",
@@ -256,32 +248,23 @@ class SocketSession:
         self, key: KeySpec, raw: bytes, items: list[Any], started: float, send: Send
     ) -> None:
         answer = await self._admitted(raw, key, started)
-        output: list[Any] = []
-        size = len(raw)
-        final: dict[str, Any] | None = None
+        turn = Recorder(items, len(raw))
         try:
             async for chunk in answer.body():
                 for payload in _payloads(chunk):
-                    event = _tracked(payload)
-                    if event is not None:
-                        if event.get("type") == "response.output_item.done":
-                            output.append(event.get("item"))
-                            size += len(payload)
-                        elif event.get("type") in RESPONSES_TERMINAL:
-                            final = event.get("response")
+                    turn.see(payload)
                     await send(payload.decode())
         except BaseException:
-            if final is None:  # the turn must still end with a terminal event
+            if not turn.ended:  # the turn must still end with a terminal event
                 await _failed(send, "the gateway stopped this response before it ended")
             raise
         finally:
             await answer.aclose()  # settles as a client disconnect if the body did not end
-        if final is None:
+        if not turn.ended:
             await _failed(send, "the response stream ended before its terminal event")
-        if isinstance(final, dict) and final.get("status") in ("completed", "incomplete"):
-            response_id = final.get("id")
-            if isinstance(response_id, str):
-                self._keep(response_id, Turn(items, output, size))
+        done = turn.turn()
+        if done is not None:
+            self._keep(done)
 
 
 async def _failed(send: Send, message: str) -> None:
@@ -323,28 +306,13 @@ def _items(value: Any) -> list[Any]:
     )
 
 
-# Events whose content the session keeps (the quotes make them type names: a quote
-# inside a JSON string is escaped).
-_MARKS = (b'"response.output_item.done"', *(f'"{t}"'.encode() for t in RESPONSES_TERMINAL))
-
-
-def _tracked(payload: bytes) -> dict[str, Any] | None:
-    if not any(mark in payload for mark in _MARKS):
-        return None
-    try:
-        event = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    return event if isinstance(event, dict) else None
-
-
 def _payloads(chunk: bytes) -> list[bytes]:
     """The `data:` of each complete SSE event in `chunk` (the relay hands whole events)."""
     out = []
     for event in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-        if lines:
-            out.append(b"\n".join(lines))
+        data = event_data(event)
+        if data is not None:
+            out.append(data)
     return out
 
 

@@ -130,7 +130,7 @@ def knobs_from(args: argparse.Namespace) -> SimKnobs:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.sim.server import create_sim_app
+    from app.sim.simulator import create_sim_app
 
     app = create_sim_app(knobs_from(args))
     print(

@@ -17,14 +17,36 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
-from app.sim.tools import split_json
+from app.sim.cache import CacheUse
+from app.sim.tools import ToolCall, split_json
 
-if TYPE_CHECKING:
-    from app.sim.shapes import Job
+
+class MessageSource(Protocol):
+    """What an Anthropic answer is built from (`shapes.SimReply`, which renders the
+    Messages kind through this module)."""
+
+    @property
+    def body(self) -> dict[str, Any]: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def ident(self) -> str: ...
+    @property
+    def words(self) -> list[str]: ...
+    @property
+    def finish(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def tool_call(self) -> ToolCall | None: ...
+    @property
+    def cache(self) -> CacheUse: ...
 
 
 # Text with characters a re-encoding would change (escapes, non-ASCII, U+2028).
@@ -58,13 +80,13 @@ def sse(obj: dict[str, Any], event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def _stop_reason(job: Job) -> str:
+def _stop_reason(job: MessageSource) -> str:
     if job.tool_call is not None:
         return "tool_use"
     return "max_tokens" if job.finish == "length" else "end_turn"
 
 
-def _usage(job: Job, output: int) -> dict[str, int]:
+def _usage(job: MessageSource, output: int) -> dict[str, int]:
     read, written = job.cache.read, job.cache.written
     return {
         "input_tokens": max(0, job.prompt_tokens - read - written),
@@ -74,7 +96,7 @@ def _usage(job: Job, output: int) -> dict[str, int]:
     }
 
 
-def _blocks(job: Job) -> list[dict[str, Any]]:
+def _blocks(job: MessageSource) -> list[dict[str, Any]]:
     thought = (
         [{"type": "thinking", "thinking": THINKING, "signature": signature(THINKING)}]
         if thinks(job.body)
@@ -94,7 +116,7 @@ def _blocks(job: Job) -> list[dict[str, Any]]:
     ]
 
 
-def message_body(job: Job) -> dict[str, Any]:
+def message_body(job: MessageSource) -> dict[str, Any]:
     return {
         "id": job.ident,
         "type": "message",
@@ -107,7 +129,7 @@ def message_body(job: Job) -> dict[str, Any]:
     }
 
 
-def message_events(job: Job) -> Iterator[tuple[bytes, bool]]:
+def message_events(job: MessageSource) -> Iterator[tuple[bytes, bool]]:
     """(SSE event, carries content) in order."""
     start = {
         "type": "message_start",

@@ -1,5 +1,5 @@
 """The simulator's Responses API answers: what a request produces, as an object and as
-the typed event stream (pure: no state, no I/O; `responses.py` keeps the state).
+the typed event stream (pure: no state, no I/O; `responses_routes.py` keeps the state).
 
 What it answers, deterministically:
 - a request with function `tools` whose input does not end with a tool's output (and
@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from app.sim import response_tools, text
-from app.sim.errors import SimError
+from app.sim.refusals import SimError
 from app.sim.tools import ToolMode
 
 ITEM_OVERHEAD = 3

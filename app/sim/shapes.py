@@ -17,9 +17,9 @@ from typing import Any
 
 from app.sim import prompts, text
 from app.sim.cache import CacheUse, PromptCache
-from app.sim.errors import SimError
 from app.sim.knobs import SimKnobs
 from app.sim.messages import bad_signature, message_body, message_events, sse
+from app.sim.refusals import SimError
 from app.sim.tools import ToolCall, choose, split_json, tool_call_tokens
 
 _VALID = "invalid_request_error"
@@ -45,7 +45,9 @@ def _max_tokens(body: dict[str, Any], name: str, default: int | None) -> int | N
 
 
 @dataclass
-class Job:
+class SimReply:
+    """The answer the simulator will give to one request (`build`), whole or streamed."""
+
     kind: str
     model: str
     body: dict[str, Any]
@@ -206,7 +208,7 @@ class Job:
         return out
 
 
-def _call(job: Job) -> dict[str, Any]:
+def _call(job: SimReply) -> dict[str, Any]:
     call = job.tool_call
     assert call is not None
     return {
@@ -239,7 +241,7 @@ def build(
     model: str,
     knobs: SimKnobs,
     cache: PromptCache | None = None,
-) -> Job:
+) -> SimReply:
     kind = _KIND[path]
     stream = body.get("stream") is True
     if stream and kind == "embeddings":
@@ -286,7 +288,7 @@ def build(
         finish = "tool_calls"
     reserve = limit if limit is not None else knobs.reply_tokens
     prefix = {"chat": "chatcmpl", "completions": "cmpl", "messages": "msg", "embeddings": "emb"}
-    return Job(
+    return SimReply(
         kind=kind,
         model=model,
         body=body,

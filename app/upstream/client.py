@@ -2,7 +2,7 @@
 
     UpstreamClient.send(path, body, stream) ──► Transport.request(...) ──► UpstreamResponse
                                                    │
-                                  AiohttpTransport (`session.py`: production, always)
+                                  AiohttpTransport (`aiohttp_transport.py`: production, always)
                                   HttpxTransport   (any httpx transport: MockTransport and
                                                     ASGITransport in unit tests)
 
@@ -36,13 +36,13 @@ import orjson
 
 from app.log import redacted_url
 from app.runtime import DomainSpec
+from app.upstream.aiohttp_transport import AiohttpTransport
 from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.betas import HeaderPolicies
 from app.upstream.cause import of_exception
 from app.upstream.proxyenv import Proxies, ProxyRoute
 from app.upstream.responses_chat import to_chat
 from app.upstream.responses_chat_stream import ChatAnswer
-from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport, UpstreamResponse, joined, refused
 
 log = logging.getLogger("tokengate.upstream")

@@ -6,8 +6,12 @@ domain suffix, `host:port`, or `*`), each in lower or upper case with the lower-
 winning. `NO_PROXY` matching is the standard library's (`urllib.request`), so it agrees
 with what Python tools on the same node do.
 
+`ProxyRoute.url` and `ProxyRoute.credential_for` are what both upstream clients hand aiohttp
+(the HTTP transport, `aiohttp_transport.py`, and the Responses WebSocket, `websocket.py`), so an
+IPv6-literal proxy or one with credentials is reached the same way by both.
+
 It is read once, when a transport is built, so the line logged at start stays true for
-the life of the process; the transport (`session.py`) takes the route resolved here
+the life of the process; the transport (`aiohttp_transport.py`) takes the route resolved here
 rather than letting aiohttp read the environment itself. A proxy's credentials live
 only in `ProxyRoute.authorization` (the Proxy-Authorization value): `shown`, the form
 used in logs and errors, never carries them.
@@ -29,6 +33,30 @@ class ProxyRoute:
     shown: str  # scheme://host:port and where it came from; no credentials
     authorization: str | None = field(default=None, repr=False)
     scheme: str = "http"
+
+    @property
+    def url(self) -> str:
+        """`scheme://host:port` (an IPv6 literal in brackets), for a client's `proxy=`:
+        never the credentials, which travel in `headers`."""
+        return f"{self.scheme}://{_bracketed(self.host)}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """The Proxy-Authorization header for the proxy, if it takes credentials."""
+        return {"Proxy-Authorization": self.authorization} if self.authorization else None
+
+    def credential_for(self, scheme: str) -> tuple[dict[str, str] | None, dict[str, str] | None]:
+        """Where the credential goes to an origin of `scheme`: (the CONNECT's headers,
+        the request's own headers). aiohttp sends `proxy_headers` on a CONNECT only (an
+        https:// or wss:// origin); a plain http:// or ws:// request through the proxy
+        carries it among its own headers (the proxy strips it)."""
+        if scheme in ("https", "wss"):
+            return self.headers, None
+        return None, self.headers
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 @dataclass(frozen=True)
@@ -52,7 +80,7 @@ class Proxies:
         no_proxy = self._get("no_proxy")
         if no_proxy is not None:
             bypass = {"no": no_proxy[1]}
-            name = f"[{host}]" if ":" in host else host
+            name = _bracketed(host)
             # with the port for `host:port` entries; bare too, for IPv6 entries (`::1`)
             if proxy_bypass_environment(f"{name}:{port}", bypass) or (
                 name != host and proxy_bypass_environment(host, bypass)
@@ -71,7 +99,6 @@ def parse_proxy(url: str, *, source: str) -> ProxyRoute:
         raise ValueError(f"{source}: the proxy's port is not a number") from None
     if not parts.hostname:
         raise ValueError(f"{source}: no proxy host in the value")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     authorization = None
     if parts.username is not None:
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
@@ -79,7 +106,7 @@ def parse_proxy(url: str, *, source: str) -> ProxyRoute:
     return ProxyRoute(
         host=parts.hostname,
         port=port,
-        shown=f"{scheme}://{host}:{port} (from {source})",
+        shown=f"{scheme}://{_bracketed(parts.hostname)}:{port} (from {source})",
         authorization=authorization,
         scheme=scheme,
     )

@@ -36,6 +36,7 @@ from app.upstream.responses_chat import (
     to_response,
     usage_of,
 )
+from app.upstream.sse import EventReader
 from app.upstream.transport import UpstreamResponse
 
 MAX_EVENT = 4 * 1024 * 1024  # bytes of one upstream event held while it is incomplete
@@ -69,7 +70,7 @@ class ChatStream:
     _opened: int = 0  # output items opened so far: the next one's output_index
     _finish: str | None = None
     _usage: dict[str, Any] | None = None
-    _tail: bytes = b""
+    _reader: EventReader = field(default_factory=lambda: EventReader(limit=MAX_EVENT))
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -83,21 +84,16 @@ class ChatStream:
 
     def feed(self, chunk: bytes) -> bytes:
         """The Responses events for this piece of the chat stream (maybe none yet)."""
-        data = self._tail + chunk
-        *whole, self._tail = data.replace(b"\r\n", b"\n").split(b"\n\n")
-        if len(self._tail) > MAX_EVENT:  # an upstream that never ends its event: drop it
-            self._tail = b""
         out = bytearray()
-        for event in whole:
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    out += self._data(line[5:].strip())
+        # an upstream that never ends its event: the reader drops it past MAX_EVENT
+        for event in self._reader.feed(chunk):
+            out += self._data(event.data)
         return bytes(out)
 
-    def _data(self, payload: bytes) -> bytes:
-        if self.ended or not payload:
+    def _data(self, payload: str) -> bytes:
+        if self.ended or not payload.strip():
             return b""
-        if payload == b"[DONE]":
+        if payload.startswith("[DONE]"):
             return self.end()
         try:
             chunk = orjson.loads(payload)

@@ -2,7 +2,8 @@
 
 The relay works on whole events (split at the blank line), so an event the client
 must not see can be removed without corrupting the stream, and a partial event is
-held only until its end arrives. Per event it reads, without a full parse when it
+held only until its end arrives. Each event's data is read by
+`sse.event_data` (the one SSE parser); per event it reads, without a JSON parse when it
 can: the content delta (to time the first token and estimate an interrupted
 stream), and `usage`. When the gateway itself added `stream_options.include_usage`,
 the usage-only chunk (empty `choices`) is captured and not forwarded.
@@ -10,7 +11,7 @@ the usage-only chunk (empty `choices`) is captured and not forwarded.
 Anthropic's Messages stream (`event:` lines) carries usage in `message_start` and
 `message_delta`; the same relay reads it. A field `message_delta` sets (not null) wins
 over `message_start`'s, and the prompt is input + cache read + cache creation tokens
-(see usage.py: each prompt token counted once). The Responses API's typed events are read
+(see answer_usage.py: each prompt token counted once). The Responses API's typed events are read
 too: the response id and model in `response.created`, the usage in the terminal event
 (`response.completed`, `response.incomplete` or `response.failed`).
 
@@ -33,7 +34,9 @@ from typing import Any
 import orjson
 
 from app.limits.estimate import TextCounter
-from app.upstream.usage import anthropic_cache, cache_writes, cached_tokens
+from app.upstream.answer_usage import anthropic_cache, cache_writes, cached_tokens
+from app.upstream.sse import event_data
+from app.upstream.turns import TERMINAL as RESPONSES_TERMINAL
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
@@ -48,7 +51,6 @@ _RESPONSES_DELTAS = frozenset(
         "response.reasoning_text.delta",
     }
 )
-RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _RESPONSES_START = frozenset({"response.created", "response.queued", "response.in_progress"})
 
 
@@ -137,19 +139,19 @@ class SseRelay:
         return b"".join(e + _SEP for e in kept)
 
     def _crlf(self, chunk: bytes) -> bytes:
-        """The chunk with its CRLFs as LFs. A CR ending it waits for the next chunk (the
-        pair may be split across two reads), so each byte is normalised exactly once,
-        wherever the reads cut the stream."""
+        """The chunk with its line ends (CRLF, or CR alone, as SSE allows) as LFs. A CR
+        ending it waits for the next chunk (a CRLF may be split across two reads), so
+        each byte is normalised exactly once, wherever the reads cut the stream."""
         if self._cr:
             chunk, self._cr = b"\r" + chunk, False
         if chunk[-1:] == b"\r":
             chunk, self._cr = chunk[:-1], True
-        return chunk.replace(b"\r\n", b"\n")
+        return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def finish(self) -> bytes:
         """What is left when the upstream closed (a last event without its blank line)."""
-        if self._cr:  # a CR that never met its LF is a byte of the last event
-            self._tail, self._cr = self._tail + b"\r", False
+        if self._cr:  # a CR that never met its LF ends a line all the same
+            self._tail, self._cr = self._tail + b"\n", False
         event, self._tail = self._tail.strip(b"\n"), b""
         if event.strip() and self._inspect(event):
             return event + _SEP
@@ -158,7 +160,7 @@ class SseRelay:
     def _inspect(self, event: bytes) -> bool:
         """Read one event; False if it must not be forwarded."""
         self.events += 1
-        payload = _data_of(event)
+        payload = event_data(event)
         if payload is None:
             return True
         if payload == b"[DONE]":
@@ -308,15 +310,6 @@ def _names_usage(payload: bytes) -> bool:
             return True
         at = payload.find(b'"usage"', at + 7)
     return False
-
-
-def _data_of(event: bytes) -> bytes | None:
-    if event.startswith(b"data:") and b"\n" not in event:  # one line: most events
-        return event[5:].strip()
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            return line[5:].strip()
-    return None
 
 
 def _int(value: Any) -> int:

@@ -6,7 +6,10 @@ connection holds at most one upstream socket per domain (opened on first use wit
 domain's key, reused for every later request the pipeline sends there, closed with the
 client connection). Everything else about a request is unchanged: the pipeline's limits,
 queue, retries, fallback and accounting see an `UpstreamResponse` whose body is the
-upstream's frames written as SSE events.
+upstream's frames written as SSE events (`sse.data_event`): the relay that reads usage,
+times the first token and ends an interrupted stream reads SSE, whichever way the answer
+came. What a socket's cache holds is the `Turn` of `turns.py`, the model the client's
+session keeps too.
 
     send(body) ──► this socket's last completed response is a prefix of body.input
                    (its input + its output items)?
@@ -42,13 +45,12 @@ import orjson
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.proxyenv import Proxies
+from app.upstream.sse import data_event
+from app.upstream.turns import Recorder, Turn
 
 log = logging.getLogger("tokengate.upstream")
 BETA = "responses_websockets=2026-02-06"  # what Codex CLI 0.171 sends on its upgrade
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _STALE = frozenset({"previous_response_not_found", "websocket_connection_limit_reached"})
-_DONE_ITEM = b'"response.output_item.done"'
-_ENDS = tuple(f'"{t}"'.encode() for t in TERMINAL)
 
 
 def _event(raw: bytes) -> dict[str, Any] | None:
@@ -59,17 +61,9 @@ def _event(raw: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-@dataclass
-class Turn:
-    """The last response completed on an upstream socket: what its cache holds."""
-
-    response_id: str
-    items: list[Any]
-    output: list[Any]
-
-
 def incremental(last: Turn | None, body: dict[str, Any]) -> dict[str, Any]:
-    """The `response.create` for `body` on a socket whose cache holds `last` (pure)."""
+    """The `response.create` for `body` on a socket whose cache holds `last`, the last
+    turn completed on it (pure)."""
     message = {k: v for k, v in body.items() if k not in ("stream", "background")}
     message["type"] = "response.create"
     items = body.get("input")
@@ -104,10 +98,10 @@ class SocketDialer:
             "openai-beta": BETA,
         }
         route = self.proxies.route(scheme, host, port)
-        proxy = f"{route.scheme}://{route.host}:{route.port}" if route else None
-        auth = (
-            {"proxy-authorization": route.authorization} if route and route.authorization else None
-        )
+        proxy, auth = None, None
+        if route is not None:
+            proxy, (auth, own) = route.url, route.credential_for(scheme)
+            headers.update(own or {})  # a ws:// upgrade carries it itself (no CONNECT)
         try:
             return await self._session.ws_connect(
                 url + "/v1/responses",
@@ -214,11 +208,10 @@ class SocketAnswer:
         self.complete = False
         self.stale = False
         self._owner, self._domain, self._link = owner, domain, link
-        self._items = items if isinstance(items, list) else []
+        self._turn = Recorder(items if isinstance(items, list) else [])
         self._timeout = timeout
         self._raw = b""
         self._error: dict[str, Any] = {}
-        self._output: list[Any] = []
 
     async def start(self) -> None:
         """Read the first frame: an error makes this answer a failing status."""
@@ -259,29 +252,18 @@ class SocketAnswer:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Each frame as an SSE event (its data only: the answer goes back out over the
-        client's socket, where no `event:` line is sent); parsed only if it is an output
-        item or the end (the marks are type names: a quote in a JSON string is escaped)."""
-        raw = self._raw
+        client's socket, where no `event:` line is sent), until the terminal event; the
+        turn it makes is what this socket's cache holds next."""
+        raw, turn = self._raw, self._turn
         while True:
-            if _DONE_ITEM in raw or any(mark in raw for mark in _ENDS):
-                event = _event(raw) or {}
-                if event.get("type") == "response.output_item.done":
-                    self._output.append(event.get("item"))
-                elif event.get("type") in TERMINAL:
-                    self.complete = True
-                    self._finished(event)
-            yield b"data: " + raw + b"\n\n"
+            turn.see(raw)
+            if turn.ended:
+                self.complete = True
+                self._link.last = turn.turn()
+            yield data_event(raw)
             if self.complete:
                 return
             raw = await self._frame()
-
-    def _finished(self, event: dict[str, Any]) -> None:
-        response = event.get("response")
-        rid = response.get("id") if isinstance(response, dict) else None
-        ok = isinstance(response, dict) and response.get("status") in ("completed", "incomplete")
-        self._link.last = (
-            Turn(rid, self._items, self._output) if ok and isinstance(rid, str) else None
-        )
 
     async def close(self) -> None:
         if not self.complete:  # the client left mid-answer: closing cancels the upstream's work

@@ -1,11 +1,13 @@
-"""A real HTTP proxy on a loopback port, for the upstream clients' proxy tests.
+"""A real HTTP proxy on a loopback port (IPv4, or IPv6 with `host="::1"`), for the upstream
+clients' proxy tests.
 
 It speaks the two forms a client uses: `CONNECT host:port` (a tunnel, then bytes both
 ways: how https:// is proxied) and absolute-form requests (`POST http://host:port/p`,
 rewritten to origin-form and forwarded without the proxy's credential: how http:// is
-proxied). With `credentials` it answers 407 unless Proxy-Authorization is Basic with
-them. It records what it saw (`heads`: each request head as received) so a test can
-assert which requests went through it, and with which headers.
+proxied; after a WebSocket upgrade, bytes both ways). With `credentials` it answers 407
+unless Proxy-Authorization is Basic with them. It records what it saw (`heads`: each
+request head as received) so a test can assert which requests went through it, and with
+which headers.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from urllib.parse import urlsplit
 
 
 class ForwardProxy:
-    def __init__(self, credentials: tuple[str, str] | None = None) -> None:
+    def __init__(self, credentials: tuple[str, str] | None = None, host: str = "127.0.0.1") -> None:
         self.credentials = credentials
+        self.host = host  # "::1": a proxy reached at an IPv6 literal
         self.heads: list[bytes] = []
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -30,10 +33,11 @@ class ForwardProxy:
         return [h.split(b" ")[1] for h in self.heads if h.startswith(b"CONNECT ")]
 
     def url(self, userinfo: str = "") -> str:
-        return f"http://{userinfo + '@' if userinfo else ''}127.0.0.1:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{userinfo + '@' if userinfo else ''}{host}:{self.port}"
 
     async def __aenter__(self) -> ForwardProxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, self.host, 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -82,6 +86,9 @@ class ForwardProxy:
                     await _pipe_both(reader, writer, up_r, upstream)
                     return
                 upstream = await self._forward(head, target, reader, writer, upstream)
+                if b"\r\nupgrade: websocket" in head.lower():  # after the 101: bytes both ways
+                    await _pipe(reader, upstream)
+                    return
         except asyncio.CancelledError:
             pass
         finally:

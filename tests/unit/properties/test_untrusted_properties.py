@@ -23,7 +23,7 @@ from app.metrics import Metrics, new_registry
 from app.pipeline.socket_session import SocketSession
 from app.runtime import KeySpec, compile_runtime
 from app.sim.knobs import SimKnobs
-from app.sim.server import create_sim_app
+from app.sim.simulator import create_sim_app
 from app.upstream.streaming import SseRelay
 from tests.support.inproc import local_settings, mock_transport
 from tests.unit.properties.strategies import json_values, request_like

@@ -9,7 +9,7 @@ import pytest
 
 from app.sim.knobs import SimKnobs
 from app.sim.quota import Quota
-from app.sim.server import create_sim_app
+from app.sim.simulator import create_sim_app
 
 
 def test_a_fixed_window_admits_its_share_then_waits_for_the_next_window() -> None:

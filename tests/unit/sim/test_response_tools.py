@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from app.sim import response_shapes
-from app.sim.errors import SimError
+from app.sim.refusals import SimError
 from tests.unit.upstream.test_responses_chat import TOOLS
 
 

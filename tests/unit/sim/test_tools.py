@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.sim.knobs import SimKnobs
-from app.sim.server import create_sim_app
+from app.sim.simulator import create_sim_app
 from app.sim.tools import Tool, choose
 
 READ: dict[str, Any] = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import orjson
 
+from app.upstream.answer_usage import parse_usage
 from app.upstream.streaming import SseRelay
-from app.upstream.usage import parse_usage
 
 OPENAI = {
     "model": "gpt-4o",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from app.upstream.aiohttp_transport import AiohttpTransport
 from app.upstream.client import HttpxTransport
-from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport
 from tests.support.loopback import Upstream, ok, serve, trickle_body, within
 

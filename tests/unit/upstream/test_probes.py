@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from app.upstream.session import AiohttpTransport
+from app.upstream.aiohttp_transport import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport, UpstreamResponse
 from tests.support.loopback import CHUNKED_HEAD, WAIT, Peer, Upstream, chunked, ok, serve, within
 from tests.support.tls import certificate

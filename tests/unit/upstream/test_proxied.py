@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from app.upstream.aiohttp_transport import AiohttpTransport
 from app.upstream.proxyenv import Proxies
-from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts, Transport
 from tests.support.forward_proxy import ForwardProxy
 from tests.support.loopback import Upstream, ok, serve, within
@@ -138,3 +138,57 @@ def test_make_transport_logs_the_route_without_credentials(
     env = {"HTTPS_PROXY": "http://proxy.internal:3128", "NO_PROXY": "api.example"}
     make_transport(timeouts, 2.0, 4, base="https://api.example/v1", env=env)
     assert "direct" in caplog.text
+
+
+async def test_the_upstream_websocket_reaches_an_ipv6_literal_proxy_with_credentials() -> None:
+    """The Responses WebSocket dials the proxy the HTTP transport dials (one URL builder):
+    a proxy at `[::1]` with credentials carries the upgrade and the frames both ways.
+    (Before, the socket was dialed at `http://::1:port`, which no client can reach.)"""
+    import json
+
+    from aiohttp import web
+    from pydantic import SecretStr
+
+    from app.runtime import DomainSpec
+    from app.upstream.websocket import SocketDialer, UpstreamSockets
+
+    async def responses(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            create = json.loads(msg.data)
+            done = {"id": "resp_1", "status": "completed", "model": create["model"]}
+            await ws.send_str(json.dumps({"type": "response.completed", "response": done}))
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/responses", responses)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    spec = DomainSpec(
+        "up", f"http://127.0.0.1:{port}", SecretStr("sk"), "K", None, 4, responses_websocket=True
+    )
+    credentials = ("u s", "p@ss:w")
+    try:
+        async with ForwardProxy(credentials, host="::1") as proxy:
+            env = {"HTTP_PROXY": proxy.url(userinfo(credentials))}
+            assert proxy.url().startswith("http://[::1]:")
+            dialer = SocketDialer(2.0, 2.0, env)
+            sockets = UpstreamSockets(dialer)
+            try:
+                body = {"model": "m", "input": [{"role": "user", "content": "hi"}]}
+                answer = await within(sockets.send(spec, json.dumps(body).encode()))
+                assert answer is not None and answer.status == 200
+                out = b"".join([c async for c in answer.chunks()])
+                assert b'"response.completed"' in out and answer.complete
+            finally:
+                await sockets.close()
+                await dialer.close()
+            (head,) = proxy.heads
+            assert head.startswith(b"GET ws://127.0.0.1:%d/v1/responses " % port)
+            assert b"proxy-authorization: basic " in head.lower()
+    finally:
+        await runner.cleanup()

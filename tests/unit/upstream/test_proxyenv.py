@@ -53,3 +53,24 @@ def test_bare_host_port_means_http() -> None:
 def test_bad_port_names_the_variable() -> None:
     with pytest.raises(ValueError, match="HTTPS_PROXY"):
         parse_proxy("http://proxy:port", source="HTTPS_PROXY")
+
+
+@pytest.mark.parametrize(
+    ("value", "url"),
+    [
+        ("http://u:p@[::1]:3128", "http://[::1]:3128"),
+        ("[fd00::5]:8080", "http://[fd00::5]:8080"),
+        ("https://proxy.internal", "https://proxy.internal:443"),
+        ("http://10.0.0.7", "http://10.0.0.7:80"),
+    ],
+)
+def test_the_url_both_clients_dial_brackets_ipv6_and_never_holds_credentials(
+    value: str, url: str
+) -> None:
+    route = parse_proxy(value, source="HTTPS_PROXY")
+    assert route.url == url
+    assert route.shown == f"{url} (from HTTPS_PROXY)"
+    if "@" in value:
+        assert route.headers == {"Proxy-Authorization": "Basic dTpw"}  # "u:p"
+    else:
+        assert route.headers is None

@@ -359,7 +359,7 @@ def test_a_hostile_upstream_cannot_grow_the_held_event_without_bound() -> None:
     stream = ChatStream(request, to_chat(request)[1])
     for _ in range(6):
         stream.feed(b"data: " + b"x" * (1024 * 1024))  # no event separator, ever
-    assert len(stream._tail) <= 4 * 1024 * 1024
+    assert len(stream._reader._buffer) <= 4 * 1024 * 1024
     out = stream.feed(b"\n\n" + b"".join(stream_chunks()))  # the stream goes on afterwards
     assert b"response.completed" in out
     assert stream.feed(b"data: {not json}\n\ndata: [1,2]\n\n") == b""  # garbage is skipped

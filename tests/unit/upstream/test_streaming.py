@@ -43,6 +43,19 @@ def test_crlf_streams_are_normalised() -> None:
     assert out == b"".join(CHUNKS)
 
 
+def test_cr_only_streams_are_events_too() -> None:
+    """SSE lets a lone CR end a line: such a stream is cut into the same events, and its
+    usage read, as the LF one (before the one parser, it was held whole to its end)."""
+    for step in (1, 5, 1000):
+        relay = SseRelay(strip_usage_chunk=True)
+        data = b"".join(CHUNKS).replace(b"\n", b"\r")
+        first = relay.feed(data[: len(CHUNKS[0]) + 1])  # its end is seen: it goes at once
+        assert first == CHUNKS[0]
+        out = first + relay_all(relay, data[len(CHUNKS[0]) + 1 :], step)
+        assert out == CHUNKS[0] + CHUNKS[1] + CHUNKS[3]
+        assert (relay.prompt_tokens, relay.completion_tokens, relay.done) == (7, 2, True)
+
+
 def test_interrupted_stream_estimate_from_streamed_text() -> None:
     relay = SseRelay(strip_usage_chunk=True)
     relay.feed(CHUNKS[0] + CHUNKS[1])

@@ -12,7 +12,9 @@ from pydantic import SecretStr
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
-from app.upstream.websocket import SocketDialer, Turn, UpstreamSockets, incremental
+from app.upstream.sse import event_data
+from app.upstream.turns import Turn
+from app.upstream.websocket import SocketDialer, UpstreamSockets, incremental
 
 SYSTEM = {"role": "developer", "content": "be brief"}
 USER = {"role": "user", "content": "hi"}
@@ -107,6 +109,24 @@ async def test_a_socket_carries_a_conversation_and_resends_it_whole_when_forgott
     assert one.closed and two.sent[0]["input"] == [SYSTEM, USER, CALL, OUTPUT]  # whole, fresh
 
 
+async def test_a_pretty_printed_frame_reaches_the_relay_whole() -> None:
+    """A frame is JSON, maybe over several lines: each is a `data:` line of one event,
+    so the relay and the client session read the frame back whole."""
+    socket = PrettySocket([turn("r1", CALL)])
+    sockets = UpstreamSockets(FakeDialer(socket))  # type: ignore[arg-type]
+    answer = await sockets.send(SPEC, json.dumps(body(SYSTEM, USER)).encode())
+    assert answer is not None
+    out = await drain(answer)
+    events = [event_data(e) for e in out.split(b"\n\n") if e]
+    assert [json.loads(e or b"") for e in events] == turn("r1", CALL) and answer.complete
+
+
+class PrettySocket(FakeSocket):
+    async def send_str(self, data: str) -> None:
+        await super().send_str(data)
+        self.frames = [json.dumps(json.loads(f), indent=2) for f in self.frames]
+
+
 async def test_errors_are_statuses_and_a_cut_stream_a_reset() -> None:
     limited = {
         "type": "error",
@@ -137,11 +157,12 @@ async def test_an_upstream_without_the_mode_is_left_to_http() -> None:
     ("env", "proxied"),
     [
         ({"HTTP_PROXY": "http://u:p@proxy.local:3128"}, "http://proxy.local:3128"),
+        ({"HTTP_PROXY": "http://u:p@[::1]:3128"}, "http://[::1]:3128"),  # an IPv6 literal
         ({"HTTP_PROXY": "http://proxy.local:3128", "NO_PROXY": "up"}, None),
         ({"HTTPS_PROXY": "http://proxy.local:3128"}, None),  # an http:// upstream
         ({}, None),
     ],
-    ids=["http-proxy", "no-proxy", "other-scheme", "none"],
+    ids=["http-proxy", "ipv6-proxy", "no-proxy", "other-scheme", "none"],
 )
 async def test_upstream_socket_dials_honour_the_proxy_environment(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], proxied: str | None
@@ -161,5 +182,8 @@ async def test_upstream_socket_dials_honour_the_proxy_environment(
     finally:
         await dialer.close()
     assert seen["url"] == "ws://up/v1/responses" and seen["proxy"] == proxied
-    if proxied:  # the proxy's credential goes to the proxy, not in the URL
-        assert seen["proxy_headers"]["proxy-authorization"].startswith("Basic ")
+    if proxied:  # the proxy's credential goes to the proxy, not in the URL; a ws://
+        # upgrade has no CONNECT, so it rides on the request (aiohttp sends
+        # `proxy_headers` on a CONNECT only)
+        assert seen["headers"]["Proxy-Authorization"].startswith("Basic ")
+        assert seen["proxy_headers"] is None

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from app.upstream.answer_usage import Usage, parse_usage
 from app.upstream.streaming import SseRelay
-from app.upstream.usage import Usage, parse_usage
 
 
 def test_anthropic_cache_tokens_are_part_of_the_prompt() -> None:

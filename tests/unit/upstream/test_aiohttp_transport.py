@@ -1,4 +1,4 @@
-"""The shipped transport (`session.AiohttpTransport`) against scripted loopback servers.
+"""The shipped transport (`aiohttp_transport.AiohttpTransport`) against scripted loopback servers.
 
 What the pipeline relies on, at the transport's seam: the bytes a request puts on the
 wire, keep-alive and when a connection is given up, timeouts, reading paused for a slow
@@ -19,8 +19,8 @@ import pytest
 import uvloop
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from app.upstream.aiohttp_transport import AiohttpTransport
 from app.upstream.proxyenv import Proxies
-from app.upstream.session import AiohttpTransport
 from app.upstream.transport import Timeouts
 from tests.support.forward_proxy import ForwardProxy
 from tests.support.loopback import (

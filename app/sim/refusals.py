@@ -1,6 +1,6 @@
 """The simulator's refusals, raised by the answer shapes and the server alike.
 
-Its own module so `shapes` (which validates bodies) and `server` (which renders the
+Its own module so `shapes` (which validates bodies) and `simulator` (which renders the
 refusal as the real API would) need not import each other.
 """
 

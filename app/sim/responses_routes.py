@@ -12,7 +12,8 @@ Honest where a gateway could go wrong:
 - usage is spent from the same quota and balance as every other route.
 
 Answers and usage are built in `response_shapes.py`; the fault knobs, quota, records
-and key checks are the simulator's own (`server.Sim`).
+and key checks are the simulator's own (`simulator.Sim`), reached through its public
+surface, `Host`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.requests import Request
@@ -31,14 +32,32 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.sim import response_shapes as shapes
-from app.sim.errors import SimError
-from app.sim.knobs import paced
-
-if TYPE_CHECKING:
-    from app.sim.server import Sim
+from app.sim.knobs import Faults, SimKnobs, paced
+from app.sim.quota import Quota
+from app.sim.refusals import SimError
 
 MAX_STORED = 10_000
 MAX_CACHED_PREFIXES = 1_000
+
+
+class Host(Protocol):
+    """What the Responses API uses of the simulator (`simulator.Sim`): its knobs, quota and
+    counters, its records, and the checks every route makes."""
+
+    knobs: SimKnobs
+    quota: Quota
+    inflight: int
+    peak_inflight: int
+
+    def record(self, request: Request, body: Any) -> dict[str, Any]: ...
+    def record_socket(self, headers: Mapping[str, str], body: Any) -> dict[str, Any]: ...
+    def count(self, status: int) -> None: ...
+    def authorize(self, request: Request, anthropic: bool) -> None: ...
+    def model_for(self, body: dict[str, Any]) -> str: ...
+    def admit(self, tokens: int) -> None: ...
+    def rate_headers(self, now: float) -> dict[str, str]: ...
+    async def faults(self, request: Request, rec: dict[str, Any]) -> Faults | None: ...
+    async def wait(self, request: Request, seconds: float, rec: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -69,7 +88,7 @@ class Stored:
 
 class ResponsesSim:
     def __init__(
-        self, sim: Sim, render: Renderers, clock: Callable[[], float] = time.monotonic
+        self, sim: Host, render: Renderers, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.sim = sim
         self.render = render
@@ -82,26 +101,26 @@ class ResponsesSim:
         sim = self.sim
         raw = await request.body()
         body = _json(raw)
-        rec = sim._record(request, body)
+        rec = sim.record(request, body)
         rec["raw_sha256"] = hashlib.sha256(raw).hexdigest()
         sim.inflight += 1
         sim.peak_inflight = max(sim.peak_inflight, sim.inflight)
         handed_off = False
         try:
-            sim._auth(request, False)
+            sim.authorize(request, False)
             if not isinstance(body, dict):
                 raise shapes.bad("We could not parse the JSON body of your request.")
-            model = sim._model(body)
+            model = sim.model_for(body)
             plan, stored = self._plan(body, model)
-            reset = await sim._faults(request, rec)
+            reset = await sim.faults(request, rec)
             limit = body.get("max_output_tokens") or sim.knobs.reply_tokens
-            sim._quota(plan.prompt + limit)
-            headers = sim._rate_headers(time.monotonic())
+            sim.admit(plan.prompt + limit)
+            headers = sim.rate_headers(time.monotonic())
             sim.quota.spend(plan.prompt + plan.output_tokens)
             if sim.knobs.latency_ms:
-                await sim._wait(request, sim.knobs.latency_ms / 1000, rec)
+                await sim.wait(request, sim.knobs.latency_ms / 1000, rec)
             rec["status"] = 200
-            sim._count(200)
+            sim.count(200)
             if reset is not None:
                 return self.render.truncated(orjson.dumps(plan.response)[:20])
             self._keep(body, stored)
@@ -115,7 +134,7 @@ class ResponsesSim:
             return Response(orjson.dumps(view), headers=headers, media_type="application/json")
         except SimError as err:
             rec["status"] = err.status
-            sim._count(err.status)
+            sim.count(err.status)
             return self.render.error(err)
         finally:
             if not handed_off:
@@ -228,41 +247,28 @@ class ResponsesSim:
     async def _socket_turn(self, ws: WebSocket, text: str, local: dict[str, Stored]) -> list[str]:
         sim = self.sim
         body = _json(text.encode())
-        sim._seq += 1
-        rec = {
-            "seq": sim._seq,
-            "path": "/v1/responses",
-            "method": "WEBSOCKET",
-            "body": body,
-            "headers": {k.lower(): v for k, v in ws.headers.items()},
-            "status": None,
-            "cancelled": False,
-            "completed": False,
-            "at": time.time(),
-        }
-        if sim.knobs.record:
-            sim.records.append(rec)
+        rec = sim.record_socket(ws.headers, body)
         try:
             if not isinstance(body, dict) or body.get("type") != "response.create":
                 raise shapes.bad("send 'response.create' events")
             warm = body.get("generate") is False
             body = {k: v for k, v in body.items() if k not in ("type", "generate", "stream")}
-            model = sim._model(body)
+            model = sim.model_for(body)
             plan, stored = self._plan(body, model, local)
             if warm:  # a warm-up: an id for its input, nothing generated, nothing billed
                 _warm_up(plan, stored)
             else:
                 limit = body.get("max_output_tokens") or sim.knobs.reply_tokens
-                sim._quota(plan.prompt + limit)
+                sim.admit(plan.prompt + limit)
                 sim.quota.spend(plan.prompt + plan.output_tokens)
         except SimError as err:
             rec["status"] = err.status
-            sim._count(err.status)
+            sim.count(err.status)
             error = {"type": err.kind, "code": err.code, "message": err.message}
             frame = {"type": "error", "status": err.status, "error": error, "headers": err.headers}
             return [orjson.dumps(frame).decode()]
         rec["status"], rec["completed"] = 200, True
-        sim._count(200)
+        sim.count(200)
         local[plan.response["id"]] = stored
         self._keep(body, stored)
         events = shapes.events(plan.response)
@@ -272,7 +278,7 @@ class ResponsesSim:
 
     # -- stored responses --------------------------------------------------------------------
     def _find(self, request: Request) -> Stored:
-        self.sim._auth(request, False)
+        self.sim.authorize(request, False)
         response_id = request.path_params["response_id"]
         stored = self.stored.get(response_id)
         if stored is None:
@@ -289,7 +295,7 @@ class ResponsesSim:
         if request.query_params.get("stream") == "true":
             after = int(request.query_params.get("starting_after") or -1)
             self.sim.inflight += 1
-            rec = self.sim._record(request, None)
+            rec = self.sim.record(request, None)
             return self.render.stream(self._stream(stored.final, rec, after=after), {})
         return _json_response(stored.view(self.clock()))
 
@@ -339,7 +345,7 @@ class ResponsesSim:
 
     async def input_tokens(self, request: Request) -> Response:
         try:
-            self.sim._auth(request, False)
+            self.sim.authorize(request, False)
             body = _json(await request.body())
             if not isinstance(body, dict):
                 raise shapes.bad("We could not parse the JSON body of your request.")

@@ -126,15 +126,9 @@ class AiohttpTransport:
         route = self._proxies.route(url.scheme, url.host, url.port)
         if route is None:
             return _Route(url)
-        host = f"[{route.host}]" if ":" in route.host else route.host
-        proxy = f"{route.scheme}://{host}:{route.port}"
-        auth = {"Proxy-Authorization": route.authorization} if route.authorization else None
+        connect, own = route.credential_for(url.scheme)
         via = f" (via proxy {route.shown})"
-        # aiohttp sends `proxy_headers` on a CONNECT only; a plain-http request through
-        # the proxy carries the credential among its own headers.
-        if url.scheme == "https":
-            return _Route(url, proxy, via, connect_headers=auth)
-        return _Route(url, proxy, via, request_headers=auth)
+        return _Route(url, route.url, via, connect_headers=connect, request_headers=own)
 
     def _get(self) -> aiohttp.ClientSession:
         # Created lazily so it binds to the running loop (each worker has its own).

@@ -21,7 +21,7 @@ import hashlib
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, fields
 from fnmatch import fnmatchcase
 from typing import Any
@@ -35,11 +35,11 @@ from starlette.types import Receive, Scope, Send
 
 from app.sim import shapes
 from app.sim.cache import PromptCache
-from app.sim.errors import SimError
 from app.sim.knobs import Faults, SimKnobs, StreamDropped, paced
 from app.sim.messages import count_tokens_body
 from app.sim.quota import Quota
-from app.sim.responses import Renderers, ResponsesSim
+from app.sim.refusals import SimError
+from app.sim.responses_routes import Renderers, ResponsesSim
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
@@ -63,15 +63,34 @@ class Sim:
         self._seq = 0
 
     # -- bookkeeping --------------------------------------------------------------
-    def _record(self, request: Request, body: Any) -> dict[str, Any]:
+    def record(self, request: Request, body: Any) -> dict[str, Any]:
+        """The record of an HTTP request (`GET /_sim/records` lists them)."""
+        return self._keep(
+            {
+                "path": request.url.path,
+                "query": request.url.query,
+                "method": request.method,
+                "headers": {k.lower(): v for k, v in request.headers.items()},
+                "body": body,
+            }
+        )
+
+    def record_socket(self, headers: Mapping[str, str], body: Any) -> dict[str, Any]:
+        """The record of one message on a Responses WebSocket."""
+        return self._keep(
+            {
+                "path": "/v1/responses",
+                "method": "WEBSOCKET",
+                "body": body,
+                "headers": {k.lower(): v for k, v in headers.items()},
+            }
+        )
+
+    def _keep(self, fields: dict[str, Any]) -> dict[str, Any]:
         self._seq += 1
         rec: dict[str, Any] = {
             "seq": self._seq,
-            "path": request.url.path,
-            "query": request.url.query,
-            "method": request.method,
-            "headers": {k.lower(): v for k, v in request.headers.items()},
-            "body": body,
+            **fields,
             "status": None,
             "cancelled": False,
             "completed": False,
@@ -81,16 +100,16 @@ class Sim:
             self.records.append(rec)
         return rec
 
-    def _bill(self, job: shapes.Job) -> None:
+    def _bill(self, job: shapes.SimReply) -> None:
         self.billed["requests"] += 1
         self.billed["prompt_tokens"] += job.prompt_tokens
         self.billed["completion_tokens"] += job.completion_tokens
 
-    def _count(self, status: int) -> None:
+    def count(self, status: int) -> None:
         self.counts[str(status)] = self.counts.get(str(status), 0) + 1
 
     # -- checks ---------------------------------------------------------------------
-    def _auth(self, request: Request, anthropic: bool) -> None:
+    def authorize(self, request: Request, anthropic: bool) -> None:
         presented = request.headers.get("x-api-key") if anthropic else None
         if not presented:
             scheme, _, value = request.headers.get("authorization", "").partition(" ")
@@ -125,7 +144,7 @@ class Sim:
                 "invalid_request_error",
             )
 
-    def _model(self, body: dict[str, Any]) -> str:
+    def model_for(self, body: dict[str, Any]) -> str:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise SimError(400, "you must provide a model parameter", "invalid_request_error")
@@ -138,7 +157,7 @@ class Sim:
             )
         return model
 
-    def _quota(self, tokens: int) -> None:
+    def admit(self, tokens: int) -> None:
         if self.quota.exhausted:
             raise SimError(
                 429,
@@ -154,7 +173,7 @@ class Sim:
                 headers = {
                     "retry-after": str(max(1, int(wait + 0.999))),
                     "retry-after-ms": str(max(1, int(wait * 1000 + 0.999))),
-                    **self._rate_headers(now),
+                    **self.rate_headers(now),
                 }
             raise SimError(
                 429,
@@ -164,15 +183,15 @@ class Sim:
                 headers,
             )
 
-    def _rate_headers(self, now: float) -> dict[str, str]:
+    def rate_headers(self, now: float) -> dict[str, str]:
         return self.quota.headers(now) if self.knobs.quota_headers == "full" else {}
 
-    async def _faults(self, request: Request, rec: dict[str, Any]) -> Faults | None:
+    async def faults(self, request: Request, rec: dict[str, Any]) -> Faults | None:
         f = self.knobs.faults
         if not f.applies(request.url.path):
             return None
         if f.stall_ms:
-            await self._wait(request, f.stall_ms / 1000, rec)
+            await self.wait(request, f.stall_ms / 1000, rec)
         if f.hold:
             await self._held(request, rec)
         if f.should_fail(self.rng):
@@ -196,7 +215,7 @@ class Sim:
                 rec["cancelled"] = True
                 raise asyncio.CancelledError
 
-    async def _wait(self, request: Request, seconds: float, rec: dict[str, Any]) -> None:
+    async def wait(self, request: Request, seconds: float, rec: dict[str, Any]) -> None:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(left, 0.02))
@@ -212,7 +231,7 @@ class Sim:
             body: Any = orjson.loads(raw)
         except orjson.JSONDecodeError:
             body = None
-        rec = self._record(request, body)
+        rec = self.record(request, body)
         rec["raw_sha256"] = hashlib.sha256(raw).hexdigest()  # to compare bytes, not values
         return body, rec
 
@@ -223,7 +242,7 @@ class Sim:
         self.peak_inflight = max(self.peak_inflight, self.inflight)
         handed_off = False
         try:
-            self._auth(request, anthropic)
+            self.authorize(request, anthropic)
             self._betas(request)
             if not isinstance(body, dict):
                 raise SimError(
@@ -231,23 +250,23 @@ class Sim:
                     "We could not parse the JSON body of your request.",
                     "invalid_request_error",
                 )
-            model = self._model(body)
+            model = self.model_for(body)
             job = shapes.build(request.url.path, body, model, self.knobs, self.cache)
-            reset = await self._faults(request, rec)
-            self._quota(job.quota_tokens)
-            headers = self._rate_headers(time.monotonic())
+            reset = await self.faults(request, rec)
+            self.admit(job.quota_tokens)
+            headers = self.rate_headers(time.monotonic())
             self.quota.spend(job.prompt_tokens + job.completion_tokens)
             if self.knobs.latency_ms:
-                await self._wait(request, self.knobs.latency_ms / 1000, rec)
+                await self.wait(request, self.knobs.latency_ms / 1000, rec)
             rec["status"] = 200
-            self._count(200)
+            self.count(200)
             if reset is not None:
                 return _Truncated(orjson.dumps(job.json_body())[:20])
             if job.stream:
                 handed_off = True
                 return _Stream(self._stream(job, rec), headers)
             if self.knobs.tokens_per_sec:
-                await self._wait(request, job.completion_tokens / self.knobs.tokens_per_sec, rec)
+                await self.wait(request, job.completion_tokens / self.knobs.tokens_per_sec, rec)
             rec["completed"] = True
             self._bill(job)
             return Response(
@@ -255,13 +274,13 @@ class Sim:
             )
         except SimError as err:
             rec["status"] = err.status
-            self._count(err.status)
+            self.count(err.status)
             return _error(err, anthropic)
         finally:
             if not handed_off:
                 self.inflight -= 1
 
-    async def _stream(self, job: shapes.Job, rec: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def _stream(self, job: shapes.SimReply, rec: dict[str, Any]) -> AsyncIterator[bytes]:
         try:
             async for event in paced(job.events(), self.knobs):
                 yield event
@@ -277,18 +296,18 @@ class Sim:
         """Anthropic's `POST /v1/messages/count_tokens`: free, never against the quota."""
         body, rec = await self._received(request)
         try:
-            self._auth(request, anthropic=True)
+            self.authorize(request, anthropic=True)
             self._betas(request)
             if not isinstance(body, dict):
                 raise SimError(400, "We could not parse the JSON body.", "invalid_request_error")
-            self._model(body)
+            self.model_for(body)
             prompt = shapes.read_prompt("messages", body)
         except SimError as err:
             rec["status"] = err.status
-            self._count(err.status)
+            self.count(err.status)
             return _error(err, True)
         rec["status"], rec["completed"] = 200, True
-        self._count(200)
+        self.count(200)
         return Response(
             orjson.dumps(count_tokens_body(prompt.tokens)), media_type="application/json"
         )
@@ -296,7 +315,7 @@ class Sim:
     # -- control plane ----------------------------------------------------------------------
     async def models(self, request: Request) -> Response:
         try:
-            self._auth(request, anthropic=False)
+            self.authorize(request, anthropic=False)
         except SimError as err:
             return _error(err, False)
         data = [

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from app.sim.knobs import SimKnobs
-from app.sim.server import create_sim_app
+from app.sim.simulator import create_sim_app
 
 KEY = {"authorization": "Bearer sk-any"}
 TOOLS = [
