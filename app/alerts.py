@@ -37,10 +37,10 @@ import httpx
 
 from app.billing.periods import Calendar, Period
 from app.billing.prices import amount
+from app.billing.spend import BudgetState, SpendGate
 from app.config.alerting import AlertsConfig
 from app.db.alertbook import DELIVERED, AlertBook
 from app.db.engine import DatabaseUnavailable
-from app.limits.spend import BudgetState, SpendGate
 from app.runtime import Runtime
 from app.upstream.retry import backoff_delay
 

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-from app.billing.budgets import Budget, Scope
+from app.billing.budget import Budget, Scope
 from app.billing.prices import to_nanos
 from app.config.cluster import HeaderPolicyConfig
 from app.config.errors import ConfigError, Problem

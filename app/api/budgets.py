@@ -22,14 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.admin import AdminDep, admin_name, parse_instant
 from app.api.json_body import read_model
-from app.billing.budgets import Amount
+from app.billing.books import BudgetOverride
+from app.billing.budget import Amount
 from app.billing.periods import Calendar, Window
 from app.billing.prices import amount, to_nanos
-from app.db.budgets import BudgetOverride
+from app.billing.spend import BudgetState, OwnerView
 from app.db.engine import DatabaseUnavailable
 from app.errors import InvalidRequest, NotFound, ServiceUnavailable
 from app.gateway import Gateway
-from app.limits.spend import BudgetState, OwnerView
 
 router = APIRouter(prefix="/admin")
 Scope = Literal["key", "team"]

@@ -24,9 +24,11 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from app.billing.budgets import ZERO, Amount, Ask, Budget, Metric, Over, SpendKey
+from app.billing.budget import ZERO, Amount, Ask, Budget, Metric, Over, SpendKey
 from app.billing.periods import Period, Window
+from app.state.scripts import Script
 
+BUDGET = Script.of("app.billing", "budget.lua")
 HOLD_MS = 15_000  # a hold lapses unless renewed; renewed every second while its request runs
 GRACE_MS = 86_400_000  # a period's keys outlive its end by a day
 TOTAL_TTL_MS = 35 * 86_400_000  # `total` never ends: kept while used, rebuilt if not

@@ -42,14 +42,14 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.billing.budgets import ZERO, Amount, Ask, Budget, Over, SpendKey, Tally
+from app.billing.books import BudgetOverride, SpendBook
+from app.billing.budget import ZERO, Amount, Ask, Budget, Over, SpendKey, Tally
+from app.billing.ledger import Ledger
 from app.billing.periods import Calendar, Period, Window
 from app.billing.prices import render
-from app.db.budgets import BudgetOverride, SpendBook
+from app.billing.shared_spend import SharedSpend
+from app.config.schema import Settings
 from app.errors import BudgetExceeded, ModelNotPriced
-from app.limits.ledger import Ledger
-from app.limits.shared_spend import SharedSpend
-from app.runtime import KeySpec, Runtime
 
 Slot = tuple[str, str, Period]  # (scope, owner, period)
 # An answer waits at most this long for its hold's settle in Redis (one or two calls of
@@ -106,10 +106,47 @@ class BudgetState:
         return self.spent / self.budget.limit if self.budget.limit else 1.0
 
 
+class BudgetedKey(Protocol):
+    """What the gate reads of a key (`app.runtime.KeySpec`)."""
+
+    @property
+    def alias(self) -> str: ...
+
+    @property
+    def team(self) -> str | None: ...
+
+    @property
+    def budgets(self) -> tuple[Budget, ...]: ...
+
+
+class BudgetedTeam(Protocol):
+    """What the gate reads of a team (`app.runtime.TeamSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def budgets(self) -> tuple[Budget, ...]: ...
+
+
+class Budgeted(Protocol):
+    """What the gate reads of the compiled configuration (`app.runtime.Runtime`, a
+    floor above billing)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def keys(self) -> Sequence[BudgetedKey]: ...
+
+    @property
+    def teams(self) -> Sequence[BudgetedTeam]: ...
+
+
 class SpendGate:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Budgeted,
         calendar: Calendar,
         *,
         metrics: SpendMetrics | None = None,
@@ -135,14 +172,14 @@ class SpendGate:
         self._overrides: dict[tuple[str, str], list[BudgetOverride]] = {}
         self.configure(runtime)
 
-    def configure(self, runtime: Runtime) -> None:
+    def configure(self, runtime: Budgeted) -> None:
         """Budgets and currency from `runtime` (at start and on reload)."""
         self.currency = runtime.settings.billing.currency
         self.teams = {t.name: t.budgets for t in runtime.teams}
         self.keys = {k.alias: k for k in runtime.keys}
 
     # -- admission ------------------------------------------------------------------------
-    async def reserve(self, key: KeySpec, ask: Ask | Amount, *, priced: bool) -> Hold | None:
+    async def reserve(self, key: BudgetedKey, ask: Ask | Amount, *, priced: bool) -> Hold | None:
         """Hold `ask` against every budget of `key` and its team; None when it has none.
         Raises `BudgetExceeded` (no room) or `ModelNotPriced` (cost unknowable)."""
         now = self.clock()
@@ -171,7 +208,7 @@ class SpendGate:
         self.tally.reserve(keys, need)
         return Hold(slots, keys, need, gen=self._gen, cap=cap)
 
-    def costs(self, key: KeySpec, now: float | None = None) -> bool:
+    def costs(self, key: BudgetedKey, now: float | None = None) -> bool:
         """The key or its team has a cost budget (an unpriced model's spend would escape
         it: such a model is refused, and skipped as a fallback)."""
         now = self.clock() if now is None else now
@@ -300,7 +337,7 @@ class SpendGate:
         return f"{value:,} tokens"
 
     # -- budgets and periods ----------------------------------------------------------------
-    def budgets_of(self, key: KeySpec, now: float) -> Sequence[Budget]:
+    def budgets_of(self, key: BudgetedKey, now: float) -> Sequence[Budget]:
         """The key's budgets and its team's, live overrides applied."""
         team = () if key.team is None else self.teams.get(key.team, ())
         if not self._overrides:  # the usual case: nothing built per request

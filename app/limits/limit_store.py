@@ -7,7 +7,7 @@ the shared store hands it to Redis with the key's next reservation or within a f
 milliseconds). Keeping both behind this small interface lets admission logic, tests
 and the Redis store share one contract.
 The usage ledger is not a store's business: it is durable in SQL whatever the store
-(`app/limits/ledger.py`, owned by the gateway).
+(`app/billing/ledger.py`, owned by the gateway).
 
 What differs between a store of one process and one shared by every replica is behind
 the interface too, so the gateway never asks which store it holds: `shared`, the

@@ -20,9 +20,9 @@ front (403 `model_not_priced`, spend.py), and such a fallback is skipped (`serve
 
 from __future__ import annotations
 
-from app.billing.budgets import Amount, Ask
+from app.billing.budget import Amount, Ask
 from app.billing.prices import PriceList
-from app.limits.spend import Hold, SpendGate
+from app.billing.spend import Hold, SpendGate
 from app.pipeline.plan import Planner
 from app.pipeline.request import EMBEDDINGS, ClientRequest
 

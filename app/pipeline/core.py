@@ -29,8 +29,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from itertools import chain
 
+from app.billing.ledger import UsageEntry
 from app.billing.periods import Calendar
 from app.billing.prices import PriceList, Tokens, render
+from app.billing.spend import SpendGate
 from app.billing.timetable import NO_WINDOW, Timetable
 from app.dispatch.affinity import SessionTable
 from app.dispatch.dispatcher import Slot
@@ -39,11 +41,9 @@ from app.dispatch.routing import rank
 from app.errors import GatewayError, ServiceUnavailable
 from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
-from app.limits.ledger import UsageEntry
+from app.limits.limit_store import Spawn
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.limits.sessions import SessionBook, raw_session, session_refusal
-from app.limits.spend import SpendGate
-from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.allowance import Allowance
 from app.pipeline.answer import Answer, JsonAnswer, Reply, StreamAnswer

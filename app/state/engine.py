@@ -1,18 +1,24 @@
-"""Limits shared by every replica through Redis, at a fraction of a round trip each.
+"""The shared-state engine: one Redis connection under every client that shares state.
+
+    limits (shared_store.py)   pacer (shared_pace.py)   leases (concurrency.py)   spend
+        │ feeder: buckets, settles  │ feeder: bookings       │ call()                │ call()
+        ▼                           ▼                        ▼                       ▼
+    Engine: group commit ─► RedisLink.run([Call, ...]) (link.py): one pipeline, one round
+            outage, fail mode, replica heartbeat, what the gateway shows
 
 Group commit: whatever this process wants from Redis while a round trip is in flight
-goes in the next one, as one pipeline (`_flush`). Within it, the reservations of one key
-are one `token_bucket.lua` call that also carries the key's settled usage since the last
-call; a domain's pace bookings are one `pace.lua` call. Under load a round trip serves
-dozens of requests; at rest a request still costs one, with nothing added to wait for.
-A reservation is exact (decided in Redis, in order, against the shared buckets); a
-settle reaches Redis with the key's next reservation or within `SETTLE_LAG` seconds.
+goes in the next one, as one pipeline (`_flush`). Clients that coalesce their work
+(a key's reservations and settles in one `token_bucket.lua` call, a domain's bookings in
+one `pace.lua` call) are *feeders*: the engine takes their pending items at each round
+trip. Single calls (`call`) ride along. Under load a round trip serves dozens of
+requests; at rest a request still costs one, with nothing added to wait for. Work that
+may wait (a settle) asks for a round trip within `SETTLE_LAG` (`kick_later`).
 
 States (`health`, `/health/ready`, the `tokengate_redis_*` gauges):
 - `shared`: the above;
-- `degraded` (Redis unreachable, fail open): each replica enforces limits and paces
-  domains at its share (`app/limits/outage.py`), and charges what it admitted to the
-  shared buckets when Redis is back;
+- `degraded` (Redis unreachable, fail open): each client serves alone, at this
+  replica's share (`divisor`; limits: `app/limits/outage.py`), and hands Redis what it
+  did meanwhile when Redis is back (feeders hear it through `heard`);
 - `refusing` (unreachable, fail closed): admissions answer 503 `redis_unavailable`;
 - `misconfigured`: Redis answered MOVED / ASK / CROSSSLOT (a Cluster reached as one
   server): logged once as an error, served by the fail mode until a restart with a
@@ -30,25 +36,19 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Callable, Coroutine
+from typing import Any, NamedTuple, Protocol
 
-from app.config.schema import RedisConfig
-from app.errors import ServiceUnavailable
-from app.limits.bucket import Decision, Limits, Remaining
-from app.limits.concurrency import KeySlots, SharedSlots
-from app.limits.constants import REPLICA_WINDOW_MS
-from app.limits.outage import Clock, Fallback
-from app.limits.pacing import Pacer, PaceState
-from app.limits.redis_conn import Call, Failure, RedisLink, classify, connect, describe
-from app.limits.shared_pace import RedisPacer
-from app.limits.store import Spawn
+from app.state.link import Call, RedisFault, RedisLink, classify, describe
+from app.state.scripts import Script
 
 log = logging.getLogger("tokengate.redis")
-SETTLE_LAG = 0.005  # seconds a settle may wait for a reservation of its key to ride on
+SETTLE_LAG = 0.005  # seconds lazy work (a settle) may wait for a round trip to ride on
+REPLICA_WINDOW_MS = 60_000  # a process seen within this long counts as alive
+REPLICAS = Script.of("app.state", "replicas.lua", {"REPLICA_WINDOW_MS": REPLICA_WINDOW_MS})
 _SLOW_TO_DOWN = 3
-_LIMIT_NAMES = {0: None, 1: "requests", 2: "tokens"}
+# Hands a coroutine to the lifecycle owner, which runs it as a task and awaits it on close.
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 class RedisState(NamedTuple):
@@ -61,38 +61,66 @@ class RedisState(NamedTuple):
     replicas: int
 
 
-class _Unavailable(Exception):
+class Unanswered(Exception):
     """A call that Redis did not answer: the caller serves it by the fail mode."""
 
 
-@dataclass(slots=True)
-class _Bucket:
-    """One `token_bucket.lua` call: a key's settled usage, then its reservations."""
+class Pending(Protocol):
+    """One item of a round trip, as a feeder hands it over."""
 
-    key: str
-    limits: Limits
-    tokens: int = 0
-    requests: int = 0
-    costs: list[int] = field(default_factory=list)
-    waiters: list[asyncio.Future[list[int]]] = field(default_factory=list)
+    def call(self) -> Call: ...
 
+    def deliver(self, result: Any) -> None:
+        """Redis's answer; raising makes the item fail like an unanswered one."""
+        ...
 
-@dataclass(slots=True)
-class _Pace:
-    """One `pace.lua` reserve call: a domain's bookings, in order."""
-
-    key: str
-    head: tuple[Any, ...]
-    pairs: list[int] = field(default_factory=list)
-    waiters: list[asyncio.Future[list[Any]]] = field(default_factory=list)
+    def fail(self) -> None:
+        """Redis did not answer: waiters learn it (`Unanswered`), work to redo is kept."""
+        ...
 
 
-_Op = tuple[Call, "asyncio.Future[Any]"]
+class Feeder(Protocol):
+    """A client that coalesces its work into the engine's next round trip."""
+
+    def take(self) -> list[Pending]:
+        """Everything pending, handed over (the feeder starts afresh)."""
+        ...
+
+    def urgent(self) -> bool:
+        """Something waits for a round trip now (else only lazy work, if any)."""
+        ...
+
+    def lazy(self) -> bool:
+        """Something may wait up to SETTLE_LAG for a round trip."""
+        ...
+
+    def heard(self, replicas: int, back: bool, lost: bool) -> None:
+        """A heartbeat answered: the live replica count; `back`: it ended an outage
+        (`lost`: Redis came back without its data)."""
+        ...
 
 
-class RedisStore:
-    shared = True
+class _Op:
+    """A single call (`Engine.call`) and its waiter."""
 
+    __slots__ = ("_call", "waiter")
+
+    def __init__(self, call: Call, waiter: asyncio.Future[Any]) -> None:
+        self._call, self.waiter = call, waiter
+
+    def call(self) -> Call:
+        return self._call
+
+    def deliver(self, result: Any) -> None:
+        if not self.waiter.cancelled():
+            self.waiter.set_result(result)
+
+    def fail(self) -> None:
+        if not self.waiter.done():
+            self.waiter.set_exception(Unanswered())
+
+
+class Engine:
     def __init__(
         self,
         link: RedisLink,
@@ -102,7 +130,6 @@ class RedisStore:
         prefix: str = "tokengate:",
         assumed_replicas: int = 1,
         on_state: Callable[[RedisState], None] | None = None,
-        clock: Clock = time.monotonic,
         replica: str | None = None,
     ) -> None:
         self.link = link
@@ -110,56 +137,42 @@ class RedisStore:
         self.prefix = prefix
         self.up = True
         self.misconfigured: str | None = None
-        self.fallback = Fallback(clock, assumed_replicas)
+        self.replicas = 0  # processes seen alive in the last minute (0: not known yet)
+        self.assumed = max(1, assumed_replicas)
         # This process in the replica set (the status page names replicas by it).
         self.replica_id = replica or f"{socket.gethostname()}:{os.getpid()}"
+        self.feeders: list[Feeder] = []
         self._spawn = spawn
         self._on_state = on_state
         self._slow = 0  # consecutive timeouts / unexpected errors
         self._epoch: str | None = None
         self._bugs: set[str] = set()  # unexpected errors already logged (with traceback)
-        self._buckets: dict[tuple[str, Limits], _Bucket] = {}
-        self._settles: dict[str, _Bucket] = {}
-        self._paces: dict[tuple[str, tuple[Any, ...]], _Pace] = {}
-        self._ops: list[_Op] = []
+        self._ops: list[Pending] = []
         self._flushing = False
         self._timer: asyncio.TimerHandle | None = None
+        link.know(REPLICAS)
 
-    @classmethod
-    def from_config(
-        cls,
-        cfg: RedisConfig,
-        *,
-        spawn: Spawn,
-        on_state: Callable[[RedisState], None] | None,
-        replica: str | None = None,
-    ) -> RedisStore:
-        return cls(
-            connect(cfg),
-            spawn=spawn,
-            fail_mode=cfg.fail_mode,
-            prefix=cfg.key_prefix,
-            assumed_replicas=cfg.assumed_replicas,
-            on_state=on_state,
-            replica=replica,
-        )
+    def attach(self, feeder: Feeder, *scripts: Script) -> None:
+        """A feeder, served in attach order in each round trip; its scripts loaded at start."""
+        self.feeders.append(feeder)
+        self.link.know(*scripts)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         try:
             await self.link.start()
         except Exception as exc:
-            self._failed(exc, outage=True)
+            self.failed(exc, outage=True)
             return
-        log.info("shared limits in Redis: %s", self.link.target.where())
+        log.info("shared state in Redis: %s", self.link.target.where())
         await self._heartbeat_now()
 
     async def close(self) -> None:
         """Hand Redis what is still pending (the last settles), leave, disconnect."""
         if self._timer is not None:
             self._timer.cancel()
-        if self.usable and self._has_work():
-            await self._send(self._take())
+        if self.usable and (batch := self._take()):
+            await self._send(batch)
         if self.usable:
             try:
                 await self.link.run([self._heartbeat_call("leave")])
@@ -167,245 +180,105 @@ class RedisStore:
                 log.debug("leaving the replica set failed: %s", describe(exc))
         await self.link.close()
 
-    # -- the store interface -----------------------------------------------------------------
+    # -- what clients use -------------------------------------------------------------------
     @property
     def usable(self) -> bool:
         return self.up and self.misconfigured is None
 
-    async def reserve(self, key: str, limits: Limits, cost: int) -> Decision:
-        if self.usable:
-            waiter = self._enqueue_reserve(key, limits, cost)
-            try:
-                raw = await waiter
-            except _Unavailable:
-                pass
-            else:
-                decision = _decision(raw, limits)
-                self.fallback.seen(key, decision)
-                return decision
-        if self.fail_mode == "closed":
-            raise ServiceUnavailable(
-                "shared rate-limit store (Redis) is unreachable; retry shortly",
-                code="redis_unavailable",
-                retry_after=1.0,
-                should_retry=True,
-            )
-        decision = self.fallback.reserve(key, limits, cost)
-        if self.up:
-            # One call failed, but Redis is not (yet) taken for down (a timeout, counted):
-            # decided at this replica's share, charged to Redis at once, nothing kept local.
-            self._charge(self.fallback.recover(lost=False))
-        return decision
+    @property
+    def divisor(self) -> int:
+        """Replicas sharing the state: what a client divides a quota by while alone."""
+        return max(self.replicas, self.assumed)
 
-    def _charge(self, charges: dict[str, tuple[Limits, int, int]]) -> None:
-        for key, (limits, tokens, requests) in charges.items():
-            self._add_settle(key, limits, tokens, requests)
-
-    def settle(self, key: str, limits: Limits, token_delta: int, request_delta: int) -> None:
-        """Record it; Redis gets it with the key's next reservation or within SETTLE_LAG."""
-        if not self.usable:
-            self.fallback.settle(key, limits, token_delta, request_delta)
-            return
-        self._add_settle(key, limits, token_delta, request_delta)
-        if not self._flushing and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(SETTLE_LAG, self._kick)
-
-    def _add_settle(self, key: str, limits: Limits, tokens: int, requests: int) -> None:
-        pending = self._settles.get(key)
-        if pending is None:
-            self._settles[key] = _Bucket(key, limits, tokens, requests)
-        else:
-            pending.limits = limits
-            pending.tokens += tokens
-            pending.requests += requests
-
-    def _enqueue_reserve(self, key: str, limits: Limits, cost: int) -> asyncio.Future[list[int]]:
-        group = self._buckets.get((key, limits))
-        if group is None:
-            group = self._buckets[(key, limits)] = _Bucket(key, limits)
-        waiter: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        group.costs.append(cost)
-        group.waiters.append(waiter)
-        self._kick()
-        return waiter
-
-    async def pace(self, key: str, args: list[Any]) -> list[Any] | None:
-        """One step of `pace.lua`; None when Redis did not answer (the pacer then paces
-        alone, at its share). Bookings of one domain that meet in a round trip are one
-        call."""
-        if not self.usable:
-            return None
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[list[Any]] = loop.create_future()
-        if args[0] == "reserve":
-            head = tuple(args[:5])
-            group = self._paces.get((key, head))
-            if group is None:
-                group = self._paces[(key, head)] = _Pace(key, head)
-            group.pairs += args[5:7]
-            group.waiters.append(waiter)
-        else:
-            self._ops.append((Call("pace.lua", (key,), tuple(args)), waiter))
-        self._kick()
-        try:
-            return await waiter
-        except _Unavailable:
-            return None
-
-    def pacer(self, domain: str, state: PaceState) -> Pacer:
-        return RedisPacer(self, f"{self.prefix}pace:{{{domain}}}", state)
-
-    async def budget(self, keys: Sequence[str], args: Sequence[object]) -> Any | None:
-        """One call of `budget.lua` (app/limits/shared_spend.py), in the next round trip;
-        None when Redis did not answer (the budgets are then decided per replica)."""
-        return await self._op(Call("budget.lua", tuple(keys), tuple(args)))
-
-    def key_slots(self) -> KeySlots:
-        return SharedSlots(self, self.prefix)
-
-    async def lease(self, key: str, args: list[Any]) -> Any:
-        """One step of `lease.lua` (per-key concurrency leases and live caps), in the next
-        round trip; None when Redis did not answer (the caller then counts this replica's
-        own)."""
-        return await self._op(Call("lease.lua", (key,), tuple(args)))
-
-    async def _op(self, call: Call) -> Any | None:
+    async def call(self, call: Call) -> Any | None:
         """One call in the group commit's next round trip; None if Redis did not answer."""
         if not self.usable:
             return None
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._ops.append((call, waiter))
-        self._kick()
+        self._ops.append(_Op(call, waiter))
+        self.kick()
         try:
             return await waiter
-        except _Unavailable:
+        except Unanswered:
             return None
 
-    @property
-    def divisor(self) -> int:
-        """Replicas sharing the limits: what a pacer divides its quota by while alone."""
-        return self.fallback.divisor
-
-    # -- the group commit ---------------------------------------------------------------------
-    def _has_work(self) -> bool:
-        return bool(self._buckets or self._paces or self._ops or self._settles)
-
-    def _kick(self) -> None:
+    def kick(self) -> None:
+        """A round trip now (or right after the one in flight): a client queued work."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._flushing and self._has_work():
+        if not self._flushing:
             self._flushing = True
             self._spawn(self._flush())
 
+    def kick_later(self) -> None:
+        """A round trip within SETTLE_LAG, unless one comes sooner: lazy work queued."""
+        if not self._flushing and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(SETTLE_LAG, self._kick_if_work)
+
+    # -- the group commit ---------------------------------------------------------------------
+    def _kick_if_work(self) -> None:
+        self._timer = None
+        if self._ops or any(f.urgent() or f.lazy() for f in self.feeders):
+            self.kick()
+
     async def _flush(self) -> None:
-        """Round trips back to back while reservations keep coming; settles alone wait
-        (up to SETTLE_LAG) for a reservation of their key to ride on."""
+        """Round trips back to back while urgent work keeps coming; lazy work alone waits
+        (up to SETTLE_LAG) for urgent work to ride on."""
         try:
             while True:
-                if not self.usable:
-                    self._fail(self._take(keep_settles=True))
+                batch = self._take()
+                if not batch:
                     break
-                await self._send(self._take())
-                if not (self._buckets or self._paces or self._ops):
+                if not self.usable:
+                    _fail(batch)
+                    break
+                await self._send(batch)
+                if not (self._ops or any(f.urgent() for f in self.feeders)):
                     break
         finally:
             self._flushing = False
-            if self._settles and self.usable and self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(SETTLE_LAG, self._kick)
+            if self.usable and self._timer is None and any(f.lazy() for f in self.feeders):
+                self.kick_later()
 
-    def _take(self, keep_settles: bool = False) -> list[_Bucket | _Pace | _Op]:
-        batch: list[_Bucket | _Pace | _Op] = []
-        settles = {} if keep_settles else self._settles
-        if not keep_settles:
-            self._settles = {}
-        for group in self._buckets.values():
-            pending = settles.pop(group.key, None)
-            if pending is not None:
-                group.tokens, group.requests = pending.tokens, pending.requests
-            batch.append(group)
-        batch += settles.values()
-        batch += self._paces.values()
+    def _take(self) -> list[Pending]:
+        batch: list[Pending] = []
+        for feeder in self.feeders:
+            batch += feeder.take()
         batch += self._ops
-        self._buckets, self._paces, self._ops = {}, {}, []
+        self._ops = []
         return batch
 
-    async def _send(self, batch: list[_Bucket | _Pace | _Op]) -> None:
+    async def _send(self, batch: list[Pending]) -> None:
         try:
-            results = await self.link.run([self._call(item) for item in batch])
+            results = await self.link.run([item.call() for item in batch])
         except BaseException as exc:  # anything at all: no waiter is left hanging
-            self._fail(batch)
+            _fail(batch)
             if not isinstance(exc, Exception):
                 raise
-            self._failed(exc)
+            self.failed(exc)
             return
         failed = False
         for item, result in zip(batch, results, strict=True):
             try:
                 if isinstance(result, Exception):
                     raise result
-                self._deliver(item, result)
+                item.deliver(result)
             except Exception as exc:  # its own error, or an answer that makes no sense
                 failed = True
-                self._fail([item])
-                self._failed(exc)
+                item.fail()
+                self.failed(exc)
         if not failed:
             self._slow = 0
 
-    def _call(self, item: _Bucket | _Pace | _Op) -> Call:
-        if isinstance(item, _Bucket):
-            keys = (
-                f"{self.prefix}rl:{{{item.key}}}:requests",
-                f"{self.prefix}rl:{{{item.key}}}:tokens",
-            )
-            head = (*item.limits, item.tokens, item.requests)
-            return Call("token_bucket.lua", keys, (*head, *item.costs))
-        if isinstance(item, _Pace):
-            return Call("pace.lua", (item.key,), (*item.head, *item.pairs))
-        return item[0]
-
-    def _deliver(self, item: _Bucket | _Pace | _Op, result: Any) -> None:
-        if isinstance(item, _Bucket):
-            decided = [int(v) for v in result]  # checked whole before anyone is answered
-            if len(decided) != 7 * len(item.waiters):
-                raise ValueError(f"token_bucket.lua answered {len(decided)} fields")
-            for i, waiter in enumerate(item.waiters):
-                raw = decided[7 * i : 7 * i + 7]
-                if not waiter.cancelled():
-                    waiter.set_result(raw)
-                elif raw[0]:  # admitted for a request that left meanwhile: refund it
-                    self.settle(item.key, item.limits, -item.costs[i], -1)
-        elif isinstance(item, _Pace):
-            first, *rest = result
-            for wait, booked in zip(str(first).split(","), item.waiters, strict=True):
-                if not booked.cancelled():
-                    booked.set_result([wait, *rest])
-        elif not item[1].cancelled():
-            item[1].set_result(result)
-
-    def _fail(self, batch: list[_Bucket | _Pace | _Op]) -> None:
-        """Waiters learn Redis did not answer; settles stay pending (charged later)."""
-        for item in batch:
-            waiters: list[asyncio.Future[Any]]
-            if isinstance(item, _Bucket):
-                if item.tokens or item.requests:
-                    self._add_settle(item.key, item.limits, item.tokens, item.requests)
-                waiters = list(item.waiters)
-            elif isinstance(item, _Pace):
-                waiters = list(item.waiters)
-            else:
-                waiters = [item[1]]
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(_Unavailable())
-
     # -- failures and recovery -------------------------------------------------------------------
-    def _failed(self, exc: BaseException, *, outage: bool = False) -> None:
+    def failed(self, exc: BaseException, *, outage: bool = False) -> None:
+        """What a failure means: misconfigured, down at once, or one more slow call."""
         kind = classify(exc)
-        if kind is Failure.CONFIG:
+        if kind is RedisFault.CONFIG:
             self._misconfigured(exc)
             return
-        if kind is Failure.BUG and type(exc).__name__ not in self._bugs:
+        if kind is RedisFault.BUG and type(exc).__name__ not in self._bugs:
             self._bugs.add(type(exc).__name__)
             log.error(
                 "unexpected error from Redis or its client (served by the fail mode; "
@@ -413,7 +286,7 @@ class RedisStore:
                 describe(exc),
                 exc_info=exc,
             )
-        if kind is Failure.DOWN or outage:
+        if kind is RedisFault.DOWN or outage:
             self._mark_down(exc)
             return
         self._slow += 1
@@ -437,7 +310,7 @@ class RedisStore:
 
     def _mark_down(self, exc: BaseException) -> None:
         if self.up:
-            n = self.fallback.divisor
+            n = self.divisor
             log.warning(
                 "redis unreachable (%s); fail mode %s: %s",
                 describe(exc),
@@ -451,6 +324,7 @@ class RedisStore:
         self._slow = 0
         self._publish()
 
+    # -- the replica heartbeat ---------------------------------------------------------------
     async def _heartbeat_now(self) -> bool:
         """One heartbeat, sent at once (outside the group commit): how the outage ends."""
         try:
@@ -459,19 +333,19 @@ class RedisStore:
                 raise result
             self._beat(result)
         except Exception as exc:
-            self._failed(exc, outage=True)
+            self.failed(exc, outage=True)
             return False
         return True
 
     def _heartbeat_call(self, op: str) -> Call:
         keys = (self._replicas_key, f"{self._replicas_key}:epoch")
-        return Call("replicas.lua", keys, (op, self.replica_id, secrets.token_hex(8)))
+        return Call(REPLICAS, keys, (op, self.replica_id, secrets.token_hex(8)))
 
     @property
     def _replicas_key(self) -> str:
         return f"{self.prefix}{{replicas}}"
 
-    async def replicas(self) -> dict[str, float]:
+    async def replica_set(self) -> dict[str, float]:
         """Every process whose heartbeat Redis saw in the last minute, and when (unix
         seconds, Redis's clock): the status page's list of replicas."""
         if not self.usable:
@@ -483,81 +357,46 @@ class RedisStore:
                 raise raw
             pairs = _pairs(raw)
         except Exception as exc:
-            self._failed(exc)
+            self.failed(exc)
             return {}
         cutoff = time.time() - REPLICA_WINDOW_MS / 1000
         seen = {str(name): float(ms) / 1000 for name, ms in pairs}
         return {name: at for name, at in seen.items() if at >= cutoff}
 
-    def peek(self, key: str, limits: Limits) -> Remaining | None:
-        """Only while this replica enforces its share (fail open) does it know a key's
-        buckets without asking; otherwise they are in Redis, not read per page."""
-        if not self.usable and self.fail_mode == "open":
-            return self.fallback.peek(key)
-        return None
-
     def _beat(self, result: list[Any]) -> None:
         count, epoch = int(result[0]), str(result[1])
         lost = self._epoch is not None and epoch != self._epoch
         self._epoch = epoch
-        self.fallback.replicas = count
-        if not self.up:
-            charges = self.fallback.recover(lost)
-            self._charge(charges)
+        self.replicas = count
+        back = not self.up
+        for feeder in self.feeders:
+            feeder.heard(count, back, lost)
+        if back:
             log.warning(
-                "redis reachable again; shared limits restored (%d keys charged what this "
-                "replica admitted meanwhile%s)",
-                len(charges),
-                "; Redis had lost its data" if lost else "",
+                "redis reachable again; shared state restored%s",
+                " (Redis had lost its data)" if lost else "",
             )
             self.up = True
-            self._kick()
+            self._kick_if_work()
         self._publish()
 
     async def housekeeping(self) -> None:
         """Once a second: the heartbeat (the live replica count; while down, the probe
-        that ends the outage), in the group commit's next round trip. Live per-key limits
-        are the database's (`app/db/overrides.py`), not a store's."""
+        that ends the outage), in the group commit's next round trip."""
         if self.misconfigured is not None:
             return
         if not self.up:
             await self._heartbeat_now()
             return
         beat: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._ops.append((self._heartbeat_call("beat"), beat))
-        self._kick()
+        self._ops.append(_Op(self._heartbeat_call("beat"), beat))
+        self.kick()
         try:
             self._beat(await beat)
-        except _Unavailable:
+        except Unanswered:
             pass
         except Exception as exc:  # an answer that makes no sense: a failure like any
-            self._failed(exc)
-
-    # -- small shared values (the Responses API's response id -> domain map) --------------------
-    async def _command(self, *args: Any) -> Any:
-        """One plain command in the group commit's next round trip; None when Redis did
-        not answer (the callers take that as a miss)."""
-        if not self.usable:
-            return None
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._ops.append((Call(None, (), args), waiter))
-        self._kick()
-        try:
-            return await waiter
-        except _Unavailable:
-            return None
-
-    async def put_text(self, name: str, value: str, ttl_sec: float) -> None:
-        """SET with a TTL; dropped while Redis is unreachable (a later read then misses)."""
-        await self._command("SET", f"{self.prefix}{name}", value, "PX", int(ttl_sec * 1000))
-
-    async def get_text(self, name: str) -> str | None:
-        """The value, or None if absent, expired or Redis is unreachable."""
-        value = await self._command("GET", f"{self.prefix}{name}")
-        return None if value is None else str(value)
-
-    async def delete_text(self, name: str) -> None:
-        await self._command("DEL", f"{self.prefix}{name}")
+            self.failed(exc)
 
     # -- what the gateway shows -----------------------------------------------------------------
     def state(self) -> str:
@@ -571,7 +410,7 @@ class RedisStore:
         if self._on_state is not None:
             degraded = not self.usable and self.fail_mode == "open"
             misconfigured = self.misconfigured is not None
-            self._on_state(RedisState(self.up, degraded, misconfigured, self.fallback.replicas))
+            self._on_state(RedisState(self.up, degraded, misconfigured, self.replicas))
 
     def health(self) -> dict[str, object]:
         return {
@@ -579,8 +418,8 @@ class RedisStore:
                 "up": self.up,
                 "fail_mode": self.fail_mode,
                 "state": self.state(),
-                "replicas": self.fallback.replicas,
-                "divisor": 1 if self.usable else self.fallback.divisor,
+                "replicas": self.replicas,
+                "divisor": 1 if self.usable else self.divisor,
             }
         }
 
@@ -595,11 +434,16 @@ class RedisStore:
             "up": self.up,
             "state": self.state(),
             "fail_mode": self.fail_mode,
-            "replicas": self.fallback.replicas,
+            "replicas": self.replicas,
         }
         if self.misconfigured is not None:
             out["error"] = self.misconfigured
         return out
+
+
+def _fail(batch: list[Pending]) -> None:
+    for item in batch:
+        item.fail()
 
 
 def _pairs(raw: Any) -> list[tuple[Any, Any]]:
@@ -608,19 +452,3 @@ def _pairs(raw: Any) -> list[tuple[Any, Any]]:
     if items and isinstance(items[0], list | tuple):
         return [(a, b) for a, b in items]
     return list(zip(items[::2], items[1::2], strict=True))
-
-
-def _decision(raw: list[int], limits: Limits) -> Decision:
-    allowed, limit, retry_ms, r_left, r_reset, t_left, t_reset = raw
-    return Decision(
-        allowed=bool(allowed),
-        limit=_LIMIT_NAMES[limit],
-        retry_after=float("inf") if retry_ms < 0 else retry_ms / 1000,
-        requests_limit=limits.requests_per_minute,
-        requests_remaining=r_left,
-        requests_reset=r_reset / 1000,
-        tokens_limit=limits.tokens_per_minute,
-        tokens_remaining=t_left,
-        tokens_reset=t_reset / 1000,
-        too_large=retry_ms < 0,
-    )

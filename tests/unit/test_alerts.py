@@ -12,13 +12,13 @@ from typing import Any
 from pydantic import SecretStr
 
 from app.alerts import AlertCenter, sign, threshold_events
-from app.billing.budgets import Budget
+from app.billing.budget import Budget
 from app.billing.periods import Calendar
+from app.billing.spend import BudgetState
 from app.config.schema import DatabaseConfig, Settings
 from app.db import migrate
 from app.db.alertbook import AlertBook
 from app.db.engine import Database
-from app.limits.spend import BudgetState
 from app.runtime import Runtime
 from tests.support.receiver import receiver
 

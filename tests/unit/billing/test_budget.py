@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from app.billing.budgets import ZERO, Amount, Ask, Budget, Over, Tally, fit
+from app.billing.budget import ZERO, Amount, Ask, Budget, Over, Tally, fit
 from app.billing.periods import Calendar
 
 CAL = Calendar("UTC")

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from app.billing.budgets import Amount, Ask
+from app.billing import shared_spend
+from app.billing.budget import Amount, Ask
 from app.billing.periods import Calendar
+from app.billing.shared_spend import SharedSpend
+from app.billing.spend import Hold, SpendGate
 from app.errors import BudgetExceeded
-from app.limits import lua, shared_spend
-from app.limits.shared_spend import SharedSpend
-from app.limits.spend import Hold, SpendGate
 from app.runtime import Runtime, compile_runtime
 from tests.support.inproc import local_settings
 from tests.support.procs import redis_server
@@ -49,7 +49,7 @@ class Link:
     """The script on a real Redis, or no answer while `up` is False."""
 
     def __init__(self, client: aioredis.Redis) -> None:
-        self.code = client.register_script(lua.script("budget.lua"))
+        self.code = client.register_script(shared_spend.BUDGET.source())
         self.up = True
 
     async def __call__(self, keys: Sequence[str], args: Sequence[object]) -> Any:
