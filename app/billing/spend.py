@@ -43,15 +43,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.billing.books import BudgetOverride, SpendBook
-from app.billing.budget import ZERO, Amount, Ask, Budget, Over, SpendKey, Tally
+from app.billing.budget import ZERO, Amount, Ask, Budget, Over, SpendKey, SpendSheet
 from app.billing.ledger import Ledger
-from app.billing.periods import Calendar, Period, Window
+from app.billing.periods import Calendar, Span
 from app.billing.prices import render
 from app.billing.shared_spend import SharedSpend
 from app.config.schema import Settings
 from app.errors import BudgetExceeded, ModelNotPriced
+from app.kinds import BudgetPeriod
 
-Slot = tuple[str, str, Period]  # (scope, owner, period)
+OwnerPeriod = tuple[str, str, BudgetPeriod]  # (scope, owner, period)
 # An answer waits at most this long for its hold's settle in Redis (one or two calls of
 # `redis.timeout_ms` each): a safety net, never reached while Redis answers or fails.
 RELEASE_WAIT_SEC = 2.0
@@ -69,7 +70,7 @@ class SpendMetrics(Protocol):
 class Hold:
     """One admitted request's reservation."""
 
-    slots: tuple[Slot, ...]
+    slots: tuple[OwnerPeriod, ...]
     keys: tuple[SpendKey, ...]  # the slots' spend keys when it was made
     need: Amount
     shared: str | None = None  # its id, when held in Redis
@@ -86,7 +87,7 @@ class OwnerView:
     scope: str
     name: str
     team: str | None
-    spend: dict[Period, tuple[Window, Amount]]
+    spend: dict[BudgetPeriod, tuple[Span, Amount]]
     budgets: list[BudgetState]
 
 
@@ -97,7 +98,7 @@ class BudgetState:
     budget: Budget
     configured: int | None  # the limit in the settings (None: set by an override only)
     override: BudgetOverride | None
-    window: Window
+    window: Span
     spent: int
     reserved: int
 
@@ -157,17 +158,17 @@ class SpendGate:
         self.spawn = spawn  # runs the Redis part of a settle (it must outlive a request)
         self.metrics = metrics
         self.clock = clock
-        self.tally = Tally()
+        self.tally = SpendSheet()
         self.shared: SharedSpend | None = None  # set by the gateway when Redis is configured
         self._running: dict[str, Hold] = {}  # held in Redis, renewed until settled
         self.refused: set[tuple[str, str, str]] = set()  # (scope, owner, budget) that refused
-        self._windows: dict[Period, Window] = {}
+        self._windows: dict[BudgetPeriod, Span] = {}
         self._since = self._until = 0.0  # when the current windows all hold
         self._gen = 0  # counts the windows' changes
         self._both: dict[str, tuple[Sequence[Budget], Sequence[Budget], Sequence[Budget]]] = {}
         # per key alias: (gen, budgets, slots, spend keys) of its last request
         self._plans: dict[
-            str, tuple[int, Sequence[Budget], tuple[Slot, ...], tuple[SpendKey, ...]]
+            str, tuple[int, Sequence[Budget], tuple[OwnerPeriod, ...], tuple[SpendKey, ...]]
         ] = {}
         self._overrides: dict[tuple[str, str], list[BudgetOverride]] = {}
         self.configure(runtime)
@@ -215,8 +216,8 @@ class SpendGate:
         return any(b.metric == "cost" for b in self.budgets_of(key, now))
 
     def _slots(
-        self, alias: str, budgets: Sequence[Budget], windows: dict[Period, Window]
-    ) -> tuple[tuple[Slot, ...], tuple[SpendKey, ...]]:
+        self, alias: str, budgets: Sequence[Budget], windows: dict[BudgetPeriod, Span]
+    ) -> tuple[tuple[OwnerPeriod, ...], tuple[SpendKey, ...]]:
         """The (scope, owner, period) a request holds in, and their spend keys now; kept
         per key while the periods and the budgets stand (the request path's cost)."""
         plan = self._plans.get(alias)
@@ -230,8 +231,8 @@ class SpendGate:
     async def _shared(
         self,
         budgets: Sequence[Budget],
-        windows: dict[Period, Window],
-        slots: tuple[Slot, ...],
+        windows: dict[BudgetPeriod, Span],
+        slots: tuple[OwnerPeriod, ...],
         keys: tuple[SpendKey, ...],
         ask: Ask,
         now: float,
@@ -274,7 +275,7 @@ class SpendGate:
         hold: Hold,
         current: tuple[SpendKey, ...],
         actual: Amount,
-        windows: dict[Period, Window],
+        windows: dict[BudgetPeriod, Span],
     ) -> None:
         assert self.shared is not None and hold.shared is not None
         now, durable = self.clock(), self.tally.durable
@@ -368,7 +369,7 @@ class SpendGate:
         out += [Budget(scope, owner, p, m, o.limit) for (p, m), o in live.items()]  # type: ignore[arg-type]
         return out
 
-    def windows(self, now: float) -> dict[Period, Window]:
+    def windows(self, now: float) -> dict[BudgetPeriod, Span]:
         """The current period of each kind (recomputed only when one ends)."""
         if not self._since <= now < self._until:
             found = self.calendar.windows(now)

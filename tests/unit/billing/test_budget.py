@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from app.billing.budget import ZERO, Amount, Ask, Budget, Over, Tally, fit
+from app.billing.budget import ZERO, Amount, Ask, Budget, Over, SpendSheet, fit
 from app.billing.periods import Calendar
 
 CAL = Calendar("UTC")
@@ -15,7 +15,7 @@ TOKENS = Budget("team", "ml", "month", "tokens", 50)
 
 
 def test_a_request_is_held_only_when_every_budget_has_room_for_it() -> None:
-    t = Tally()
+    t = SpendSheet()
     assert t.check([COST, TOKENS], WINDOWS, Amount(600, 30)) is None
     keys = [("key", "alice", DAY), ("team", "ml", WINDOWS["month"].id)]
     t.reserve(keys, Amount(600, 30))
@@ -25,7 +25,7 @@ def test_a_request_is_held_only_when_every_budget_has_room_for_it() -> None:
 
 
 def test_settling_replaces_the_estimate_with_what_was_consumed() -> None:
-    t = Tally()
+    t = SpendSheet()
     key = ("key", "alice", DAY)
     t.reserve([key], Amount(600, 0))
     t.release([key], Amount(600, 0))
@@ -36,7 +36,7 @@ def test_settling_replaces_the_estimate_with_what_was_consumed() -> None:
 
 
 def test_a_refresh_takes_the_durable_spend_and_forgets_what_it_already_holds() -> None:
-    t = Tally()
+    t = SpendSheet()
     key = ("key", "alice", DAY)
     t.settle([key], Amount(100, 5))  # settled here, not flushed yet
     t.reserve([key], Amount(40, 1))
@@ -50,7 +50,7 @@ def test_concurrent_reservations_never_pass_the_limit_by_more_than_their_estimat
     rng = random.Random(24)
     budget = Budget("key", "alice", "day", "cost", 10_000)
     key = [("key", "alice", DAY)]
-    t, estimate = Tally(), Amount(400, 0)
+    t, estimate = SpendSheet(), Amount(400, 0)
     inflight: list[int] = []
     error = 0
     for _ in range(60):  # 60 arrive together, then all answer
@@ -66,7 +66,7 @@ def test_concurrent_reservations_never_pass_the_limit_by_more_than_their_estimat
 
 
 def test_a_request_holds_its_whole_allowance_or_is_refused_by_default() -> None:
-    t, key = Tally(), [("key", "alice", DAY)]
+    t, key = SpendSheet(), [("key", "alice", DAY)]
     budget = Budget("key", "alice", "day", "tokens", 1000)
     ask = Ask(Amount(0, 10), Amount(0, 1), 400)  # a 10-token prompt, up to 400 out
     assert t.fit([budget], WINDOWS, ask) == 400
@@ -77,7 +77,7 @@ def test_a_request_holds_its_whole_allowance_or_is_refused_by_default() -> None:
 
 
 def test_a_budget_that_caps_lowers_the_output_cap_to_what_is_left() -> None:
-    t, key = Tally(), [("key", "alice", DAY)]
+    t, key = SpendSheet(), [("key", "alice", DAY)]
     capped = Budget("key", "alice", "day", "tokens", 1000, on_short="cap")
     money = Budget("key", "alice", "day", "cost", 10**6, on_short="cap")
     ask = Ask(Amount(50, 10), Amount(1000, 2), 400)  # two choices: 2 tokens a step
@@ -90,7 +90,7 @@ def test_a_budget_that_caps_lowers_the_output_cap_to_what_is_left() -> None:
     # a budget that refuses must hold the request at the cap the others gave it
     refusing = Budget("team", "ml", "day", "tokens", 100)
     assert isinstance(t.fit([refusing], WINDOWS, ask), Over)
-    fresh = Tally()
+    fresh = SpendSheet()
     assert fresh.fit([Budget("key", "a", "day", "tokens", 60, "cap"), refusing], WINDOWS, ask) == 25
 
 
