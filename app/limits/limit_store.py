@@ -9,8 +9,9 @@ and the Redis store share one contract.
 The usage ledger is not a store's business: it is durable in SQL whatever the store
 (`app/billing/ledger.py`, owned by the gateway).
 
-What differs between a store of one process and one shared by every replica is behind
-the interface too, so the gateway never asks which store it holds: `shared`, the
+What differs between a store of one process (`MemoryStore`) and one shared by every
+replica (`app/limits/shared_store.py`, over the engine in `app/state/`) is behind the
+interface too, so the gateway never asks which store it holds: `shared`, the
 once-a-second `housekeeping`, the store's part of `/health/ready` (`health`,
 `refusing`) and where keys' `max_concurrent` slots are counted (`key_slots`).
 """

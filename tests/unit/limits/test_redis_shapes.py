@@ -18,7 +18,7 @@ from app.limits.pacing import PaceState
 from app.limits.shared_store import SharedStore
 from tests.support.redis_shapes import cluster, sentinel_setup, server
 from tests.support.tls import certificate
-from tests.unit.limits.test_redis_store import Tasks
+from tests.unit.limits.test_shared_store import Tasks
 
 LIMITS = Limits(requests_per_minute=20, tokens_per_minute=100_000)
 Make = Callable[..., Any]

@@ -1,4 +1,4 @@
-"""What a failure from Redis or its client means for the store (`redis_conn.classify`)."""
+"""What a failure from Redis or its client means for the store (`app.state.link.classify`)."""
 
 from __future__ import annotations
 
