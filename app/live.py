@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from app.billing.books import BudgetOverride, BudgetOverrideBook, SpendBook
-from app.billing.budget import ZERO, Amount
+from app.billing.budget_rules import ZERO, Amount
 from app.billing.ledger import Ledger
 from app.billing.periods import Calendar
 from app.billing.spend import OwnerView, SpendGate

@@ -64,7 +64,7 @@ class UsageLike(Protocol):
 
 
 class RedisStateLike(Protocol):
-    """What `record_redis_state` reads (`app.state.engine.RedisState`)."""
+    """What `record_redis_state` reads (`app.state.redis_engine.RedisState`)."""
 
     @property
     def up(self) -> bool: ...

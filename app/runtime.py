@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-from app.billing.budget import Budget
+from app.billing.budget_rules import Budget
 from app.billing.prices import to_nanos
 from app.config.cluster import HeaderPolicyConfig
 from app.config.errors import ConfigError, Problem

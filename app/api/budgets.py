@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from app.api.admin import AdminDep, admin_name, parse_instant
 from app.api.json_body import read_model
 from app.billing.books import BudgetOverride
-from app.billing.budget import Amount
+from app.billing.budget_rules import Amount
 from app.billing.periods import Calendar, Span
 from app.billing.prices import amount, to_nanos
 from app.billing.spend import BudgetState, OwnerView

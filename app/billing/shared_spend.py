@@ -24,7 +24,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from app.billing.budget import ZERO, Amount, Ask, Budget, Over, SpendKey
+from app.billing.budget_rules import ZERO, Amount, Ask, Budget, Over, SpendKey
 from app.billing.periods import Span
 from app.kinds import BudgetMetric, BudgetPeriod
 from app.state.scripts import Script

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.billing.books import BudgetOverride, SpendBook
-from app.billing.budget import ZERO, Amount, Ask, Budget, Over, SpendKey, SpendSheet
+from app.billing.budget_rules import ZERO, Amount, Ask, Budget, Over, SpendKey, SpendSheet
 from app.billing.ledger import Ledger
 from app.billing.periods import Calendar, Span
 from app.billing.prices import render

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from app.billing.budget import ZERO, Amount, Ask
+from app.billing.budget_rules import ZERO, Amount, Ask
 from app.billing.ledger import Ledger, UsageEntry
 from app.billing.spend import Hold, SpendGate
 from app.errors import GatewayError, RateLimited

@@ -106,7 +106,7 @@ class LocalSlots:
 
 
 class Calls(Protocol):
-    """The shared-state engine (`app/state/engine.py`), as the slots use it."""
+    """The shared-state engine (`app/state/redis_engine.py`), as the slots use it."""
 
     async def call(self, call: Call) -> Any | None: ...
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from app.billing.budget import Budget
+from app.billing.budget_rules import Budget
 from app.billing.periods import Calendar
 from app.billing.prices import render
 from app.errors import SessionBudgetExceeded

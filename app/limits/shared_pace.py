@@ -1,7 +1,7 @@
 """A domain's pace shared by every replica through Redis (`pace.lua`).
 
 The bookings of a domain that meet in one round trip of the shared-state engine go as
-one call (`PaceBookings`, a feeder of `app/state/engine.py`): this module never touches
+one call (`PaceBookings`, a feeder of `app/state/redis_engine.py`): this module never touches
 Redis itself. While Redis is unreachable the replica paces alone at its share of the quota
 (the quota, or the rate learned together, / the replicas seen alive in the last minute).
 """
@@ -21,8 +21,8 @@ from app.limits.pacing import (
     Throttle,
     pace_view,
 )
-from app.state.engine import Engine, Pending, Unanswered
 from app.state.link import Call
+from app.state.redis_engine import Pending, RedisEngine, Unanswered
 from app.state.scripts import Script
 
 PACE_SCRIPT = Script.of("app.limits", "pace.lua", values(PACE_LUA))
@@ -56,7 +56,7 @@ class PaceBookings:
     """Every domain's `pace.lua` calls, as a feeder of the engine: the bookings of one
     domain that meet in a round trip are one call; other steps ride along alone."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: RedisEngine) -> None:
         self.engine = engine
         self._groups: dict[tuple[str, tuple[Any, ...]], _Bookings] = {}
 

@@ -1,6 +1,6 @@
 """Per-key limits shared by every replica: the limit store as a client of the engine.
 
-Within a round trip (`app/state/engine.py`), the reservations of one key are one
+Within a round trip (`app/state/redis_engine.py`), the reservations of one key are one
 `token_bucket.lua` call that also carries the key's settled usage since the last call.
 A reservation is exact (decided in Redis, in order, against the shared buckets); a
 settle reaches Redis with the key's next reservation or within `SETTLE_LAG` seconds.
@@ -31,8 +31,8 @@ from app.limits.constants import BUCKET_LUA, values
 from app.limits.outage import Clock, Fallback
 from app.limits.pacing import Pacer, PaceState
 from app.limits.shared_pace import PACE_SCRIPT, PaceBookings, RedisPacer
-from app.state.engine import Engine, Pending, RedisState, Spawn, Unanswered
 from app.state.link import Call, connect
+from app.state.redis_engine import Pending, RedisEngine, RedisState, Spawn, Unanswered
 from app.state.scripts import Script
 
 BUCKET = Script.of("app.limits", "token_bucket.lua", values(BUCKET_LUA))
@@ -80,7 +80,7 @@ class _Bucket:
 class SharedStore:
     shared = True
 
-    def __init__(self, engine: Engine, *, clock: Clock = time.monotonic) -> None:
+    def __init__(self, engine: RedisEngine, *, clock: Clock = time.monotonic) -> None:
         self.engine = engine
         self.fallback = Fallback(clock, engine.assumed)
         self.paces = PaceBookings(engine)
@@ -98,7 +98,7 @@ class SharedStore:
         on_state: Callable[[RedisState], None] | None,
         replica: str | None = None,
     ) -> SharedStore:
-        engine = Engine(
+        engine = RedisEngine(
             connect(cfg),
             spawn=spawn,
             fail_mode=cfg.fail_mode,

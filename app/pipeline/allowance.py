@@ -20,7 +20,7 @@ front (403 `model_not_priced`, spend.py), and such a fallback is skipped (`serve
 
 from __future__ import annotations
 
-from app.billing.budget import Amount, Ask
+from app.billing.budget_rules import Amount, Ask
 from app.billing.prices import PriceList
 from app.billing.spend import Hold, SpendGate
 from app.pipeline.plan import Planner

@@ -3,7 +3,7 @@
     limits (shared_store.py)   pacer (shared_pace.py)   leases (concurrency.py)   spend
         │ feeder: buckets, settles  │ feeder: bookings       │ call()                │ call()
         ▼                           ▼                        ▼                       ▼
-    Engine: group commit ─► RedisLink.run([Call, ...]) (link.py): one pipeline, one round
+    RedisEngine: group commit ─► RedisLink.run([Call, ...]) (link.py): one pipeline, one round
             outage, fail mode, replica heartbeat, what the gateway shows
 
 Group commit: whatever this process wants from Redis while a round trip is in flight
@@ -101,7 +101,7 @@ class Feeder(Protocol):
 
 
 class _Op:
-    """A single call (`Engine.call`) and its waiter."""
+    """A single call (`RedisEngine.call`) and its waiter."""
 
     __slots__ = ("_call", "waiter")
 
@@ -120,7 +120,7 @@ class _Op:
             self.waiter.set_exception(Unanswered())
 
 
-class Engine:
+class RedisEngine:
     def __init__(
         self,
         link: RedisLink,

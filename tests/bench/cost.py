@@ -16,7 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from app.billing.budget import Amount
+from app.billing.budget_rules import Amount
 from app.billing.ledger import Ledger, UsageEntry
 from app.billing.periods import Calendar
 from app.billing.prices import PriceList, Tokens

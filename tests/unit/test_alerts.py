@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from app.alerts import AlertCenter, sign, threshold_events
-from app.billing.budget import Budget
+from app.billing.budget_rules import Budget
 from app.billing.periods import Calendar
 from app.billing.spend import BudgetState
 from app.config.schema import DatabaseConfig, Settings

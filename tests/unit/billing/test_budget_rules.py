@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from app.billing.budget import ZERO, Amount, Ask, Budget, Over, SpendSheet, fit
+from app.billing.budget_rules import ZERO, Amount, Ask, Budget, Over, SpendSheet, fit
 from app.billing.periods import Calendar
 
 CAL = Calendar("UTC")

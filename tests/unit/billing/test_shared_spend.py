@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from app.billing import shared_spend
-from app.billing.budget import Amount, Ask
+from app.billing.budget_rules import Amount, Ask
 from app.billing.periods import Calendar
 from app.billing.shared_spend import SharedSpend
 from app.billing.spend import Hold, SpendGate

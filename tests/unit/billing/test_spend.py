@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.billing.books import BudgetOverride, SpendBook
-from app.billing.budget import Amount
+from app.billing.budget_rules import Amount
 from app.billing.ledger import Ledger, UsageEntry
 from app.billing.periods import Calendar
 from app.billing.spend import SpendGate

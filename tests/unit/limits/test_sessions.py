@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.billing.budget import Budget
+from app.billing.budget_rules import Budget
 from app.billing.periods import Calendar
 from app.errors import SessionBudgetExceeded
 from app.limits.sessions import NONE, OTHER, SessionBook, clean, raw_session, session_refusal

@@ -18,8 +18,8 @@ from app.config.schema import RedisConfig
 from app.errors import ServiceUnavailable
 from app.limits.bucket import Limits
 from app.limits.shared_store import SharedStore
-from app.state.engine import SETTLE_LAG, Engine, RedisState
 from app.state.link import Call, RedisLink, connect
+from app.state.redis_engine import SETTLE_LAG, RedisEngine, RedisState
 from tests.support.redis_shapes import Server, server
 from tests.support.refill import refilled
 
@@ -224,7 +224,7 @@ async def test_anything_the_client_raises_is_served_by_the_fail_mode(
 ) -> None:
     link = connect(RedisConfig(url="redis://127.0.0.1:1/0"))
     tasks = Tasks()
-    store = SharedStore(Engine(Broken(link.client, link.target), spawn=tasks.spawn))
+    store = SharedStore(RedisEngine(Broken(link.client, link.target), spawn=tasks.spawn))
     with caplog.at_level(logging.ERROR, "tokengate.redis"):
         decisions = [await store.reserve("k", LIMITS, 1) for _ in range(4)]
         store.settle("k", LIMITS, 5, 0)
@@ -269,7 +269,7 @@ async def test_one_failed_call_is_decided_at_the_share_and_charged_to_redis_at_o
     tasks = Tasks()
     real = connect(RedisConfig(url=redis_aof.url))
     link = Flaky(real.client, real.target)
-    store = SharedStore(Engine(link, spawn=tasks.spawn))
+    store = SharedStore(RedisEngine(link, spawn=tasks.spawn))
     await store.start()
     try:
         refill = Refill(FEW_REQUESTS)

@@ -9,8 +9,8 @@ from app.config.schema import RedisConfig
 from app.limits.bucket import Limits
 from app.limits.limit_store import MemoryStore
 from app.limits.shared_store import SharedStore
-from app.state.engine import Engine
 from app.state.link import connect
+from app.state.redis_engine import RedisEngine
 from tests.support.procs import redis_server
 
 
@@ -28,7 +28,7 @@ async def test_a_memory_store_is_local_and_always_admits() -> None:
 def test_a_redis_store_is_shared_and_refuses_only_when_down_in_closed_mode() -> None:
     for mode, down_refuses in (("open", False), ("closed", True)):
         link = connect(RedisConfig(url="redis://127.0.0.1:1/0"))  # never connected here
-        store = SharedStore(Engine(link, spawn=lambda coro: coro.close(), fail_mode=mode))
+        store = SharedStore(RedisEngine(link, spawn=lambda coro: coro.close(), fail_mode=mode))
         assert store.shared and not store.refusing()
         assert store.health()["redis"] == {
             "up": True,

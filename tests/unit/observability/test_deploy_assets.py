@@ -17,7 +17,7 @@ import yaml
 
 from app.config.schema import Settings
 from app.metrics import Metrics, new_registry
-from app.state.engine import RedisState
+from app.state.redis_engine import RedisState
 
 ROOT = Path(__file__).resolve().parents[3]
 PROM = ROOT / "deploy" / "prometheus"

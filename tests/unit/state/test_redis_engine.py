@@ -11,8 +11,8 @@ from typing import Any
 from redis import exceptions as rx
 
 from app.config.schema import RedisConfig
-from app.state.engine import Engine, Pending
 from app.state.link import Call, RedisLink, connect
+from app.state.redis_engine import Pending, RedisEngine
 from tests.unit.limits.test_shared_store import Tasks
 
 
@@ -70,8 +70,8 @@ class Feeder:
         self.heard_back.append(back)
 
 
-def engine_over(link: Scripted, tasks: Tasks) -> tuple[Engine, Feeder]:
-    engine = Engine(link, spawn=tasks.spawn, prefix="t:")
+def engine_over(link: Scripted, tasks: Tasks) -> tuple[RedisEngine, Feeder]:
+    engine = RedisEngine(link, spawn=tasks.spawn, prefix="t:")
     feeder = Feeder()
     engine.attach(feeder)
     return engine, feeder
