@@ -17,6 +17,7 @@ is the engine's; the store hands out the engine's other clients: a domain's pace
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from app.state.link import Call, connect
 from app.state.redis_engine import Pending, RedisEngine, RedisState, Spawn, Unanswered
 from app.state.scripts import Script
 
+log = logging.getLogger("tokengate.redis")
 BUCKET = Script.of("app.limits", "token_bucket.lua", values(BUCKET_LUA))
 _LIMIT_NAMES = {0: None, 1: "requests", 2: "tokens"}
 
@@ -188,12 +190,16 @@ class SharedStore:
         return bool(self._settles)
 
     def heard(self, replicas: int, back: bool, lost: bool) -> None:
+        """Redis answers again: what this replica admitted meanwhile is charged (sent in
+        the round trip the engine starts at once)."""
         self.fallback.replicas = replicas
         if back:
             charges = self.fallback.recover(lost)
             self._charge(charges)
             if charges:
-                self.engine.kick_later()
+                log.warning(
+                    "%d keys charged what this replica admitted while Redis was away", len(charges)
+                )
 
     # -- the rest of the store interface: the engine's, and its other clients ------------------
     def peek(self, key: str, limits: Limits) -> Remaining | None:

@@ -214,13 +214,31 @@ class RedisEngine:
     def kick_later(self) -> None:
         """A round trip within SETTLE_LAG, unless one comes sooner: lazy work queued."""
         if not self._flushing and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(SETTLE_LAG, self._kick_if_work)
+            self._timer = asyncio.get_running_loop().call_later(SETTLE_LAG, self._on_timer)
 
     # -- the group commit ---------------------------------------------------------------------
-    def _kick_if_work(self) -> None:
+    # (Per round trip, not per request: plain loops, no generator, no list when idle.)
+    def _on_timer(self) -> None:
         self._timer = None
-        if self._ops or any(f.urgent() or f.lazy() for f in self.feeders):
+        self._kick_if_work()
+
+    def _kick_if_work(self) -> None:
+        if self._urgent() or self._lazy():
             self.kick()
+
+    def _urgent(self) -> bool:
+        if self._ops:
+            return True
+        for feeder in self.feeders:
+            if feeder.urgent():
+                return True
+        return False
+
+    def _lazy(self) -> bool:
+        for feeder in self.feeders:
+            if feeder.lazy():
+                return True
+        return False
 
     async def _flush(self) -> None:
         """Round trips back to back while urgent work keeps coming; lazy work alone waits
@@ -234,19 +252,21 @@ class RedisEngine:
                     _fail(batch)
                     break
                 await self._send(batch)
-                if not (self._ops or any(f.urgent() for f in self.feeders)):
+                if not self._urgent():
                     break
         finally:
             self._flushing = False
-            if self.usable and self._timer is None and any(f.lazy() for f in self.feeders):
+            if self.usable and self._timer is None and self._lazy():
                 self.kick_later()
 
     def _take(self) -> list[Pending]:
         batch: list[Pending] = []
         for feeder in self.feeders:
-            batch += feeder.take()
-        batch += self._ops
-        self._ops = []
+            if feeder.urgent() or feeder.lazy():
+                batch += feeder.take()
+        if self._ops:
+            batch += self._ops
+            self._ops = []
         return batch
 
     async def _send(self, batch: list[Pending]) -> None:
