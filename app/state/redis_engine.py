@@ -164,7 +164,7 @@ class RedisEngine:
         except Exception as exc:
             self.failed(exc, outage=True)
             return
-        log.info("shared state in Redis: %s", self.link.target.where())
+        log.info("shared limits in Redis: %s", self.link.target.where())
         await self._heartbeat_now()
 
     async def close(self) -> None:
@@ -393,7 +393,7 @@ class RedisEngine:
             feeder.heard(count, back, lost)
         if back:
             log.warning(
-                "redis reachable again; shared state restored%s",
+                "redis reachable again; shared limits restored%s",
                 " (Redis had lost its data)" if lost else "",
             )
             self.up = True
