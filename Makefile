@@ -107,7 +107,7 @@ test-unit: install system-deps ## unit tests only (in-process, plus redis-server
 test-e2e: install system-deps codex-cli claude-code ## end-to-end tests only (real servers on loopback)
 	$(BIN)/python -m pytest -q tests/e2e
 
-lint: install ## ruff (lint + format check), mypy --strict, the import layers (import-linter)
+lint: install ## ruff (lint + format check), mypy --strict (app and tests), the import layers (import-linter)
 	$(BIN)/ruff check app tests
 	$(BIN)/ruff format --check app tests
 	$(BIN)/mypy
@@ -117,8 +117,8 @@ format: install ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix app tests
 	$(BIN)/ruff format app tests
 
-docs: install ## regenerate the README's configuration reference from the schema
-	$(BIN)/python -c "import pathlib; from app.config.reference import splice; p = pathlib.Path('README.md'); p.write_text(splice(p.read_text()))"
+docs: install ## regenerate docs/configuration.md's reference from the schema
+	$(BIN)/python -c "import pathlib; from app.config.reference import DOC, splice; p = pathlib.Path(DOC); p.write_text(splice(p.read_text()))"
 
 bench: install bench-deps ## side-by-side benchmark (results under tests/bench/results/)
 	$(BIN)/python -m tests.bench.run

@@ -2,7 +2,7 @@
 demo was started in; the tests run every one), the status page's address, and the
 `TOKENGATE_*` variables of the user's shell that it honours.
 
-The agents' lines are the README's "Coding agents" recipes pointed at the demo: Claude
+The agents' lines are docs/agents.md's "Coding agents" recipes pointed at the demo: Claude
 Code with the gateway as `ANTHROPIC_BASE_URL`, Codex with a `config.toml` of its own
 under `var/demo-codex` (the user's `~/.codex` is left alone). Their prompts name a tool,
 as a user asks an agent to act: the demo's simulator, like a real model, calls a tool
@@ -32,7 +32,7 @@ def _command(path: Path) -> str:
 
 
 def codex_config(base: str) -> str:
-    """The README's Codex `config.toml`, pointed at the demo gateway (no blank line: a
+    """docs/agents.md's Codex `config.toml`, pointed at the demo gateway (no blank line: a
     snippet ends at one)."""
     return (
         f'model = "{MODEL}"\n'

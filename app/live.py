@@ -5,7 +5,7 @@ Each change is written where every replica finds it first (the database for limi
 budgets, Redis for `max_concurrent`), then applied in this process; every other replica
 reads it back in its once-a-second housekeeping (`load`), so a change made on one replica
 is enforced by all within a second. A live value wins over the files until it is cleared
-(README, "Precedence").
+(docs/configuration.md, "Precedence").
 """
 
 from __future__ import annotations

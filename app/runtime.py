@@ -1,7 +1,7 @@
 """Settings -> a frozen Runtime: the compiled view the gateway runs on.
 
 Pure: reads the environment only through the mapping it is given. This is where the
-seed's overlapping fields get their one rule (README, "Configuration"):
+seed's overlapping fields get their one rule (docs/configuration.md):
 
 - upstream base URL of a domain: its own `api_base`, else settings.json
   `api_endpoint`, else `token_scheduler.api_base` (settings.json beats config.toml);

@@ -9,6 +9,7 @@ closes the gateway and the process exits 0.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ def _config(app: Any, runtime: Runtime, host: str, port: int, workers: int) -> u
         lifespan="on",
         timeout_graceful_shutdown=int(runtime.settings.server.drain_timeout_sec) or None,
         timeout_keep_alive=30,
+        timeout_worker_healthcheck=math.ceil(runtime.settings.server.worker_start_timeout_sec),
         # Nothing reads the client's address, so X-Forwarded-* rewriting is a middleware
         # layer per request for nothing; and the server need not announce itself.
         proxy_headers=False,

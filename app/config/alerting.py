@@ -20,7 +20,7 @@ class WebhookConfig(Section):
     )
     format: Literal["json", "slack"] = Field(
         "json",
-        description="`json`: the event as an object (see README, Spend alerts); `slack`: "
+        description="`json`: the event as an object (see docs/billing.md, Spend alerts); `slack`: "
         '`{"text": ...}`, which a Slack (or Mattermost, Teams workflow) incoming webhook takes.',
     )
     events: list[AlertEvent] = Field(

@@ -1,8 +1,9 @@
-"""The README's configuration reference, generated from the declared models.
+"""The configuration reference (docs/configuration.md), generated from the declared models.
 
 Every field of `Settings` becomes a row: its dotted name, the environment variable
-that overrides it, its default and its description. `tests/unit/config` fails when
-the README's copy drifts from this output (`make docs` rewrites it).
+that overrides it, its default and its description. `tokengate config-reference` prints
+it; `make docs` splices it into `DOC` between the two markers, and `tests/unit/config`
+fails when that copy drifts from this output.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic_core import PydanticUndefined
 from app.config.schema import ScaleUpConfig, Settings
 from app.config.variables import OUTSIDE
 
+DOC = "docs/configuration.md"
 BEGIN = "<!-- config-reference:begin -->"
 END = "<!-- config-reference:end -->"
 
@@ -119,7 +121,7 @@ def render() -> str:
     return "\n".join([*head, *_rows(Settings, "", "TOKENGATE_"), *outside])
 
 
-def splice(readme: str) -> str:
-    """README text with the reference block replaced by the current one."""
-    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
-    return readme[:start] + "\n" + render() + "\n" + readme[end:]
+def splice(doc: str) -> str:
+    """`DOC`'s text with the reference block replaced by the current one."""
+    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    return doc[:start] + "\n" + render() + "\n" + doc[end:]

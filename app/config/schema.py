@@ -4,7 +4,7 @@
 namespace: every section below may appear in either file, settings.json wins over
 config.toml, and `TOKENGATE_<SECTION>__<FIELD>` environment variables win over both.
 Every model forbids unknown keys so a typo is an error, not a silently ignored knob.
-Each `Field(description=...)` is also the README's configuration reference
+Each `Field(description=...)` is also docs/configuration.md's reference
 (`tokengate config-reference` renders it), so a description is written for operators.
 """
 

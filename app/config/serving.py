@@ -31,6 +31,16 @@ class ServerConfig(Section):
         description="On SIGTERM, seconds to keep serving with readiness at 503 before "
         "closing the listener (lets a load balancer stop sending first).",
     )
+    worker_start_timeout_sec: float = Field(
+        30,
+        ge=1,
+        le=600,
+        description="With `--workers N`: how long a new worker may take to start serving "
+        "(after a SIGHUP or a crash) before the supervisor gives up on it and keeps the old "
+        "one, and how long a worker may go without answering the supervisor's ping before "
+        "it is killed as hung. uvicorn's own default, 5 s, aborted reloads on a loaded "
+        "machine where importing and starting the gateway took longer.",
+    )
     websocket_idle_timeout_sec: float = Field(
         300,
         gt=0,

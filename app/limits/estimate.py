@@ -1,6 +1,6 @@
 """Prompt-token estimates for admission, before the upstream reports real usage.
 
-Rule (documented in the README): a CJK character (Han, kana, Hangul) counts as one
+Rule (documented in docs/requests.md): a CJK character (Han, kana, Hangul) counts as one
 token; any other text counts one token per 4 characters, rounded up; each chat
 message adds 4 tokens of framing and the reply primer adds 3. This tracks
 cl100k/o200k-style BPE within tens of percent on English and Chinese, is cheap

@@ -1,6 +1,6 @@
 """The Responses API's WebSocket mode, one connection: `response.create` in, events out.
 
-As Codex CLI and OpenAI's docs use it (research: docs/contract.md, README "Responses
+As Codex CLI and OpenAI's docs use it (research: docs/contract.md, docs/agents.md "Responses
 API"): every client message is a JSON text frame; a `response.create` carries the body of
 a `POST /v1/responses` (without `stream`, which is implied) and is answered with the
 same events an SSE stream has, one per text frame, ending with `response.completed`,

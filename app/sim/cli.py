@@ -145,5 +145,8 @@ def run(args: argparse.Namespace) -> int:
         http="httptools",
         access_log=False,
         log_level="warning",
+        # A stand-in upstream need not drain: a stalled or held answer (the `stall_ms` and
+        # `hold` faults) kept it from exiting on SIGTERM for as long as the stall lasted.
+        timeout_graceful_shutdown=1,
     )
     return 0

@@ -31,7 +31,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from app.billing.ledger import Ledger, UsageEntry
-from app.config.schema import RedisConfig
+from app.config.schema import DatabaseConfig, LedgerConfig, RedisConfig
+from app.db.engine import Database
+from app.db.usage import UsageBook
 from app.limits.admission import Admission
 from app.limits.bucket import Decision, Limits
 from app.limits.limit_store import LimitStore, MemoryStore
@@ -49,7 +51,13 @@ COST = 4 + 16
 WIDTHS = (32, 64)
 
 
-class NullStore:
+def _unopened_ledger() -> Ledger:
+    # Admission only hands entries to the ledger: it never reaches this (unopened) file.
+    unused = Database(DatabaseConfig(path=str(Path(tempfile.gettempdir()) / "unused.sqlite3")))
+    return Ledger(UsageBook(unused), LedgerConfig())
+
+
+class NullStore(MemoryStore):
     """Admits everything, records nothing: the no-limit baseline."""
 
     _yes = Decision(True, None, 0.0, 10**10, 10**10, 0.0, 10**12, 10**12, 0.0)
@@ -145,7 +153,7 @@ async def _measure(
     await store.start()
     row: dict[str, object] = {"n": n}
     try:
-        admission = Admission(store, Metrics(CollectorRegistry()), Ledger(path=None))
+        admission = Admission(store, Metrics(CollectorRegistry()), _unopened_ledger())
         await _sequential(admission, max(100, n // 10), spawn)  # warm caches, scripts, pool
         with _counting_down_events() as down:
             row["sequential_us"] = round(

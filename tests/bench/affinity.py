@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import tomli_w
 
 from tests.bench import subjects
 from tests.bench.procs import ROOT, Group, free_port, sigterm_as_interrupt, wait_http
+from tests.support.scrape import samples
 
 SIM_KEY_ENV = "BENCH_AFFINITY_UPSTREAM_KEY"
 CASES = ("affinity", "no_affinity")
@@ -155,13 +155,11 @@ async def _drive(url: str, plan: AffinityPlan) -> list[Turn]:
 
 def _outcomes(url: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    out: Counter[str] = Counter()
-    for line in text.splitlines():
-        if line.startswith("tokengate_affinity_total{"):
-            outcome = re.search(r'outcome="([^"]+)"', line)
-            if outcome:
-                out[outcome.group(1)] += float(line.rsplit(" ", 1)[1])
-    return dict(out)
+    out: dict[str, float] = {}
+    for sample in samples(text, "tokengate_affinity_total"):
+        outcome = sample.labels["outcome"]
+        out[outcome] = out.get(outcome, 0.0) + sample.value
+    return out
 
 
 def _case(tmp: Path, plan: AffinityPlan, affinity: bool) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def responses_events(n: int) -> list[bytes]:
         for _ in range(n)
     ]
     usage = {"input_tokens": 4, "output_tokens": n, "total_tokens": 4 + n}
-    done = {
+    done: dict[str, object] = {
         "type": "response.completed",
         "response": {**resp, "status": "completed", "usage": usage},
     }
@@ -233,7 +233,7 @@ def send(client: httpx.Client, up: Upstream, s: Scenario) -> None:
             if count:
                 seen += count
                 up.ack(count)
-    wanted = int(s.body.get("max_tokens") or s.body.get("max_output_tokens") or 0)
+    wanted = int(str(s.body.get("max_tokens") or s.body.get("max_output_tokens") or 0))
     if seen != wanted:
         raise RuntimeError(f"{s.name}: {seen} content events arrived, {wanted} were sent")
 

@@ -88,7 +88,7 @@ def run(group: Group, tmp: Path, plan: Plan) -> dict[str, Any]:
             if port:
                 used = _delta(before, _commands(port))
                 row["redis_commands"] = used
-                requests = int(row["requests"]) or 1
+                requests = int(str(row["requests"])) or 1
                 sent = sum(n for cmd, n in used.items() if cmd not in IN_SCRIPTS)
                 row["redis_calls_per_request"] = round(sent / requests, 4)
                 row["redis_commands_per_request"] = round(sum(used.values()) / requests, 4)

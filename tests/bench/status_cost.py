@@ -88,10 +88,10 @@ def macro(seconds: float, rounds: int) -> dict[str, object]:
     summary: dict[str, object] = {}
     for name, runs in cells.items():
         summary[name] = {
-            "rps": round(statistics.median(float(c["rps"]) for c in runs), 1),  # type: ignore[arg-type]
+            "rps": round(statistics.median(float(str(c["rps"])) for c in runs), 1),
             "cpu_us_per_req": round(
-                statistics.median(float(c["subject_cpu_us_per_req"]) for c in runs),
-                1,  # type: ignore[arg-type]
+                statistics.median(float(str(c["subject_cpu_us_per_req"])) for c in runs),
+                1,
             ),
             "rounds_rps": [c["rps"] for c in runs],
         }

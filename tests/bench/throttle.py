@@ -127,7 +127,7 @@ def _gateway(
     return url
 
 
-async def _offer(targets: list[tuple[str, dict[str, str]]], plan: Plan) -> list[Outcome]:
+async def _offer(targets: list[tuple[str, dict[str, dict[str, str]]]], plan: Plan) -> list[Outcome]:
     """Round-robin over keys (and over gateways, for replicas), on a fixed schedule."""
     timeout = aiohttp.ClientTimeout(total=plan.max_queue_wait_ms / 1000 + 30)
     names = aliases(plan)

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from tests.support.procs import Gateway, GatewaySpec, Sim
+from tests.support.scrape import metric_sum
 from tests.support.waiting import wait_until
 
 Make = Callable[..., Gateway]
@@ -91,9 +92,5 @@ def test_turns_hit_their_domains_cache_and_a_failure_moves_only_its_sessions(
                 assert domain != down and hit == 0  # moved, to a cold cache
             else:
                 assert domain == home[i] and hit == last[i]  # unmoved, still cached
-    failovers = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in gw.metrics().splitlines()
-        if line.startswith("tokengate_affinity_total") and 'outcome="failover"' in line
-    )
+    failovers = metric_sum(gw.metrics(), "tokengate_affinity_total", outcome="failover")
     assert failovers == sum(1 for d in home.values() if d == down)

@@ -134,7 +134,7 @@ def replay_socket(gw: Gateway, frames: list[dict[str, Any]]) -> list[list[dict[s
             if "previous_response_id" in frame and last is not None:
                 frame["previous_response_id"] = last  # this connection's own ids
             ws.send(json.dumps(frame))
-            events = []
+            events: list[dict[str, Any]] = []
             while not events or events[-1].get("type") not in (*TERMINAL, "error"):
                 events.append(json.loads(ws.recv(timeout=60)))
             assert events[-1]["type"] != "error", events[-1]

@@ -16,7 +16,7 @@ from tests.support.procs import Gateway, GatewaySpec, Sim
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-test-key-0123456789"
-READ = {
+READ: Any = {  # an Anthropic tool, for the plain and the beta client alike
     "name": "Read",
     "description": "Read a file",
     "input_schema": {
@@ -67,7 +67,7 @@ def test_anthropic_tool_use_round_trip_streamed_and_not(
         streamed = stream.get_final_message()
     assert streamed.stop_reason == "tool_use"
     assert [b.input for b in streamed.content if b.type == "tool_use"] == [use.input]
-    result = {"type": "tool_result", "tool_use_id": use.id, "content": "42"}
+    result: Any = {"type": "tool_result", "tool_use_id": use.id, "content": "42"}
     answer = client.messages.create(
         model="claude-sonnet",
         max_tokens=16_000,
@@ -161,7 +161,7 @@ def test_prompt_cache_tokens_count_once_in_limits_ledger_and_metrics(
     gw: Gateway, sim: Sim, claude: anthropic.Anthropic
 ) -> None:
     system = [{"type": "text", "text": "rules " * 1500, "cache_control": {"type": "ephemeral"}}]
-    body = {
+    body: Any = {
         "model": "claude-sonnet",
         "max_tokens": 100,
         "system": system,

@@ -5,17 +5,19 @@ case: no key to steal, so only the edge stands between a web page and the upstre
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import websockets.sync.client as ws_client
 from websockets.exceptions import InvalidStatus
+from websockets.typing import Origin
 
 from tests.support.procs import Gateway, GatewaySpec, Sim
 
 Make = Callable[..., Gateway]
-BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 4}
+BODY: Any = {"model": "gpt-4o", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 4}
 LISTED = "http://app.example.test:3000"
 
 
@@ -95,14 +97,14 @@ def ws_url(gw: Gateway) -> str:
 def test_the_websocket_handshake_checks_the_origin(open_gateway: Gateway) -> None:
     gw = open_gateway
     with pytest.raises(InvalidStatus) as denied:
-        ws_client.connect(ws_url(gw), origin="http://evil.example")  # type: ignore[arg-type]
+        ws_client.connect(ws_url(gw), origin=Origin("http://evil.example"))
     assert denied.value.response.status_code == 403
     assert b"origin_not_allowed" in denied.value.response.body
     rebound = f"evil.example:{gw.port}"
     with pytest.raises(InvalidStatus) as rebind:
         ws_client.connect(
             ws_url(gw),
-            origin=f"http://{rebound}",  # type: ignore[arg-type]
+            origin=Origin(f"http://{rebound}"),
             additional_headers={"host": rebound},
         )
     assert rebind.value.response.status_code == 403

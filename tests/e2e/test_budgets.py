@@ -21,6 +21,7 @@ import pytest
 
 from app.limits.estimate import chat_prompt_tokens
 from tests.support.procs import Gateway, GatewaySpec, Redis, Sim, free_port, run_cli
+from tests.support.scrape import samples
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-test-key-0123456789"
@@ -45,7 +46,7 @@ def hand_cost(usage: dict[str, Any], model: str) -> Decimal:
     details = usage.get("prompt_tokens_details") or {}
     cached = int(details.get("cached_tokens") or 0)
     plain = usage["prompt_tokens"] - cached
-    million = (
+    million: Decimal = (
         plain * price["input"]
         + cached * price["cached_input"]
         + usage["completion_tokens"] * price["output"]
@@ -94,9 +95,9 @@ def test_costs_are_the_hand_computed_costs_of_the_sims_usage(sim: Sim, make_gate
     assert (row["team"], row["requests"], row["unpriced_requests"]) == ("ml", 4, 0)
     assert Decimal(str(row["cost"])) == expected
     assert Decimal(str(body["totals"]["cost"])) == expected
-    metric = [ln for ln in gw.metrics().splitlines() if ln.startswith("tokengate_cost_total{")]
-    assert len(metric) == 1 and 'key="alice"' in metric[0] and 'model="gpt-4o"' in metric[0]
-    assert float(metric[0].rsplit(" ", 1)[1]) == pytest.approx(float(expected))
+    (metric,) = samples(gw.metrics(), "tokengate_cost_total")
+    assert (metric.labels["key"], metric.labels["model"]) == ("alice", "gpt-4o")
+    assert metric.value == pytest.approx(float(expected))
     line = gw.access()[-1]
     assert (line["currency"], line["team"]) == ("USD", "ml")
     assert Decimal(line["cost"]) == hand_cost(chunks[-1].usage.model_dump(), "gpt-4o")

@@ -8,6 +8,7 @@ import json
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -25,7 +26,7 @@ from tests.support.procs import (
 from tests.support.waiting import eventually, wait_until
 
 Make = Callable[..., Gateway]
-PING = [{"role": "user", "content": "ping"}]
+PING: Any = [{"role": "user", "content": "ping"}]  # for the OpenAI and Anthropic SDKs
 VERSIONED = ("--models", "claude-sonnet-4-6,gpt-4o-2024-08-06")
 ALIASES = {"model_aliases": {"claude-sonnet": "claude-sonnet-4-6", "gpt-4o": "gpt-4o-2024-08-06"}}
 
@@ -129,11 +130,13 @@ def test_anthropic_sdk_through_the_gateway(
     gw, sim = _anthropic_gateway(make_sim, make_gateway)
     client = anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0)
     message = client.messages.create(model="claude-sonnet-4-6", max_tokens=5, messages=PING)
+    assert isinstance(message.content[0], anthropic.types.TextBlock)
     assert message.content[0].text and message.usage.output_tokens == 5
-    streamed = []
+    streamed: list[str] = []
     with client.messages.stream(model="claude-sonnet-4-6", max_tokens=4, messages=PING) as s:
         streamed.extend(s.text_stream)
         final = s.get_final_message()
+    assert isinstance(final.content[0], anthropic.types.TextBlock)
     assert "".join(streamed) == final.content[0].text and final.usage.output_tokens == 4
     first, _ = sim.records("/v1/messages")
     assert first["headers"]["x-api-key"] == UPSTREAM_KEY and "authorization" not in first["headers"]
@@ -209,7 +212,10 @@ async def test_upstream_key_rotation_by_secret_file_and_sighup(
     await eventually(lambda: bool(sim.records("/v1/chat/completions")), "a request on the old key")
     (secrets / "TAOTOKEN_API_KEY").write_text("sk-after-rotation\n")
     gw.proc.send_signal(signal.SIGHUP)
-    seen = lambda: sim.records("/v1/chat/completions")[-1]["headers"]["authorization"]  # noqa: E731
+
+    def seen() -> str:
+        return str(sim.records("/v1/chat/completions")[-1]["headers"]["authorization"])
+
     await asyncio.to_thread(_wait, lambda: seen() == "Bearer sk-after-rotation")
     done.set()
     await task

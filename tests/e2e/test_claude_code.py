@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ Make = Callable[..., Gateway]
 CLAUDE = Path(
     os.environ.get("TOKENGATE_CLAUDE_BIN", ROOT / ".cache/claude-code/node_modules/.bin/claude")
 )
-KEYS = {
+KEYS: dict[str, dict[str, Any]] = {
     "agent": {"tokens_per_minute": 60_000},  # rate_limit.reserve_output: estimate (default)
     "strict": {"tokens_per_minute": 60_000, "reserve_output": "max_tokens"},
 }

@@ -59,9 +59,9 @@ def codex() -> Path:
 
 
 def config(gw: Gateway, websockets: bool) -> str:
-    """The README's copy-paste config.toml (so it stays true), pointed at this gateway."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("**Codex CLI through tokengate**") :]
+    """docs/agents.md's copy-paste config.toml (so it stays true), pointed at this gateway."""
+    doc = (ROOT / "docs" / "agents.md").read_text()
+    section = doc[doc.index("**Codex CLI through tokengate**") :]
     block = section[section.index("```toml\n") + 8 : section.index("```\n", 8)]
     assert f'model = "{MODEL}"' in block and "supports_websockets = true" in block
     block = block.replace("http://127.0.0.1:8080", gw.url)

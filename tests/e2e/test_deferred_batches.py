@@ -12,6 +12,7 @@ import httpx
 
 from tests.e2e.test_batches import FAST_KEYS, line, sent_items, start, wait_done
 from tests.support.procs import Gateway, GatewaySpec, Sim
+from tests.support.scrape import metric_sum
 
 Make = Callable[..., Gateway]
 ADMIN = "admin-test-key-0123456789"
@@ -31,10 +32,7 @@ def raw_batch(gw: Gateway, batch_id: str) -> dict[str, Any]:
 
 
 def deferred_count(gw: Gateway, outcome: str) -> float:
-    for row in gw.metrics().splitlines():
-        if row.startswith(f'tokengate_deferred_total{{outcome="{outcome}"}}'):
-            return float(row.rsplit(" ", 1)[1])
-    return 0.0
+    return metric_sum(gw.metrics(), "tokengate_deferred_total", outcome=outcome)
 
 
 def wait_for(check: Callable[[], Any], seconds: float = 30.0) -> Any:

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -145,7 +146,7 @@ def test_every_printed_snippet_runs_as_printed(demo: Demo, tmp_path: Path) -> No
     assert "stopped tokengate and the simulated upstream" in demo.stop()
 
 
-def tool_round_trips(demo: Demo) -> tuple[dict[str, str], dict[str, str]]:
+def tool_round_trips(demo: Demo) -> tuple[dict[str, Any], dict[str, Any]]:
     """What the sim saw of each agent: the call it made, the result that came back."""
     sim = f"http://127.0.0.1:{demo.sim_port}/_sim/records"
     messages = httpx.get(sim, params={"path": "/v1/messages"}).json()

@@ -4,7 +4,6 @@ fairness, disconnects and quota pacing (two `tokengate sim` upstreams as domains
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from tests.support.procs import UPSTREAM_KEY, Gateway, GatewaySpec, Sim
+from tests.support.scrape import buckets
 from tests.support.waiting import eventually
 
 Make = Callable[..., Gateway]
@@ -28,11 +28,7 @@ def domain(name: str, sim: Sim, **extra: object) -> dict[str, object]:
 
 
 def histogram(metrics: str, name: str, domain: str) -> dict[float, float]:
-    out = {}
-    pattern = rf'^{name}_bucket{{domain="{domain}",le="([^"]+)"}} (\S+)$'
-    for le, value in re.findall(pattern, metrics, re.M):
-        out[float(le)] = float(value)
-    return out
+    return buckets(metrics, name, domain=domain)
 
 
 def ready_domain(gw: Gateway, domain: str = "domain-a") -> dict[str, Any]:

@@ -62,7 +62,7 @@ def test_the_extraction_finds_blocks_continuations_and_wrapped_spans() -> None:
         "curl -H 'A: b' 'localhost:8080/x'",
     ]
     found = [c for _, c in all_commands()]
-    assert len(found) >= 7, found  # README: chat, key limits x2, budgets x2, usage, snapshot
+    assert len(found) >= 7, found  # chat, key limits x2, budgets x2, usage, snapshot
     assert any("/admin/budgets/team/search" in c for c in found)
     assert any("/admin/keys/team-a/limits" in c for c in found)
 

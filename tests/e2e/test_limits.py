@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.procs import Gateway, GatewaySpec, Redis, Sim
 from tests.support.refill import refilled
+from tests.support.scrape import metric_sum
 from tests.support.waiting import eventually
 
 Make = Callable[..., Gateway]
@@ -44,14 +45,7 @@ async def burst(
 
 
 def counter(metrics: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in metrics.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_sum(metrics, name, **labels)
 
 
 def usage(gw: Gateway) -> list[dict[str, object]]:

@@ -43,7 +43,7 @@ def windowed_spec() -> tuple[GatewaySpec, datetime]:
 
 
 def hand_cost(usage: dict[str, Any], price: dict[str, str]) -> Decimal:
-    million = usage["prompt_tokens"] * Decimal(price["input"]) + usage[
+    million: Decimal = usage["prompt_tokens"] * Decimal(price["input"]) + usage[
         "completion_tokens"
     ] * Decimal(price["output"])
     return million / Decimal(10**6)

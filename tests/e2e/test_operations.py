@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.support.procs import Gateway, GatewaySpec, Sim, digest, run_cli
+from tests.support.scrape import metric_sum
 from tests.support.waiting import wait_until
 
 Make = Callable[..., Gateway]
@@ -66,7 +67,7 @@ def test_put_limits_applies_live(sim: Sim, make_gateway: Make) -> None:
     assert missing.status_code == 404
 
 
-def _key_limits(gw: Gateway, alias: str = "alice") -> dict[str, object]:
+def _key_limits(gw: Gateway, alias: str = "alice") -> dict[str, Any]:
     status = httpx.get(f"{gw.url}/admin/status", headers=ADMIN_H).json()
     return next(k for k in status["limits"]["keys"] if k["alias"] == alias)
 
@@ -128,11 +129,11 @@ def test_a_cleared_override_leaves_every_replica_sharing_the_database(
 async def _hammer(gw: Gateway, stop: asyncio.Event) -> list[str]:
     """Back-to-back calls through the official SDK (its default retries on connection errors
     absorb a keep-alive connection closed by a retiring worker)."""
-    outcomes = []
+    outcomes: list[str] = []
     client = gw.async_openai(max_retries=2)
     while not stop.is_set() or len(outcomes) < 20:
         try:
-            await client.chat.completions.create(**BODY)  # type: ignore[arg-type]
+            await client.chat.completions.create(**BODY)
             outcomes.append("ok")
         except Exception as exc:
             outcomes.append(repr(exc))
@@ -197,9 +198,7 @@ def test_invalid_reload_is_refused_and_the_old_config_stays(sim: Sim, make_gatew
 
 
 def _requests_total(metrics: str) -> float:
-    return sum(
-        float(v) for v in re.findall(r"^tokengate_requests_total\{[^}]*\} (\S+)$", metrics, re.M)
-    )
+    return metric_sum(metrics, "tokengate_requests_total")
 
 
 @pytest.mark.slow

@@ -40,6 +40,7 @@ from tests.support.procs import (
     stop,
     wait_http,
 )
+from tests.support.scrape import metric_sum
 from tests.support.waiting import PATIENCE
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -106,10 +107,7 @@ def eventually(
 
 def exposed_requests(gateway: Gateway) -> float:
     """The gateway's own count, read from its /metrics exposition."""
-    lines = gateway.metrics().splitlines()
-    return sum(
-        float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith("tokengate_requests_total{")
-    )
+    return metric_sum(gateway.metrics(), "tokengate_requests_total")
 
 
 # -- static checks ----------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -140,7 +141,7 @@ def test_64_mib_body_is_refused_with_413_before_the_upstream(gateway: Gateway, s
 
 
 def test_64_mib_chunked_body_is_cut_off_at_the_limit(gateway: Gateway, sim: Sim) -> None:
-    def body() -> object:
+    def body() -> Iterator[bytes]:
         chunk = b" " * (1024 * 1024)
         yield b'{"model": "gpt-4o", "messages": ['
         for _ in range(64):

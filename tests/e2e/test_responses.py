@@ -189,7 +189,7 @@ def test_websocket_mode_bridges_each_request_with_its_conversation(
         for _ in range(2):
             conn.send({"type": "response.create", "model": "gpt-4o", "input": "x"})
             last = _until_done(conn)
-    assert last.type == "error" and last.status == 429  # type: ignore[attr-defined]
+    assert last.type == "error" and last.status == 429
 
 
 @pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager")
@@ -226,7 +226,9 @@ def _until_done(conn: Any) -> Any:
 
 
 def test_websocket_upgrade_is_refused_with_426_or_401_at_once(sim: Sim, make_gateway: Make) -> None:
-    url = lambda gw: gw.url.replace("http", "ws") + "/v1/responses"  # noqa: E731
+    def url(gw: Gateway) -> str:
+        return gw.url.replace("http", "ws") + "/v1/responses"
+
     off = make_gateway(GatewaySpec(settings={"responses": {"websocket": False}}), sim.url)
     with pytest.raises(InvalidStatus) as refused:  # an answer to the upgrade, not a hang
         ws_client.connect(url(off), additional_headers=off.headers(), open_timeout=30)

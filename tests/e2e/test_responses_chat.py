@@ -25,9 +25,9 @@ def gw(sim: Sim, make_gateway: Make) -> Gateway:
 def create(gw: Gateway, stream: bool, **body: Any) -> dict[str, Any]:
     with gw.openai() as client:
         if not stream:
-            return client.responses.create(model="gpt-4o", **body).model_dump()
+            return dict(client.responses.create(model="gpt-4o", **body).model_dump())
         with client.responses.stream(model="gpt-4o", **body) as events:
-            return events.get_final_response().model_dump()
+            return dict(events.get_final_response().model_dump())
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])

@@ -16,11 +16,12 @@ import openai
 import pytest
 
 from tests.support.procs import Gateway, GatewaySpec, Sim
+from tests.support.scrape import metric_sum, samples
 
 Make = Callable[..., Gateway]
 PROMPT = [{"role": "user", "content": "Which tier served this line?"}]
 ALL_TIERS = ["auto", "default", "flex", "priority"]
-PRICES = {
+PRICES: dict[str, Any] = {
     "gpt-4o": {
         "input": "2.50",
         "output": "10.00",
@@ -163,10 +164,7 @@ def test_a_domain_serving_no_tier_gets_none_and_bills_what_it_served(
 
 
 def inflight(gw: Gateway) -> float:
-    for line in gw.metrics().splitlines():
-        if line.startswith("tokengate_inflight{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric_sum(gw.metrics(), "tokengate_inflight")
 
 
 def test_flex_without_spare_capacity_gets_openais_flex_429(
@@ -219,9 +217,5 @@ def test_an_upstream_429_to_flex_is_flexs_429_and_cools_nothing_down(
     assert err.value.code == "resource_unavailable"
     answer = client("anyone").chat.completions.create(model="gpt-4o", messages=PROMPT, max_tokens=4)
     assert answer.choices  # served
-    throttled = [
-        ln
-        for ln in gw.metrics().splitlines()
-        if ln.startswith("tokengate_upstream_throttled_total{")
-    ]
-    assert all(float(ln.rsplit(" ", 1)[1]) == 0 for ln in throttled)  # no domain cool-down
+    throttled = samples(gw.metrics(), "tokengate_upstream_throttled_total")
+    assert all(s.value == 0 for s in throttled)  # no domain cool-down

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.support.procs import Gateway, GatewaySpec, Redis, Sim
+from tests.support.scrape import metric_sum
 
 Make = Callable[..., Gateway]
 KEYS = {f"key-{i}": {"requests_per_minute": 100_000} for i in range(4)}
@@ -56,10 +57,7 @@ async def offer(gateways: list[Gateway], count: int, per_sec: float = 50.0) -> l
 
 
 def counter(metrics: str, name: str) -> float:
-    for line in metrics.splitlines():
-        if line.startswith(f'{name}{{domain="quota"}}'):
-            return float(line.split()[-1])
-    return 0.0
+    return metric_sum(metrics, name, domain="quota")
 
 
 async def test_a_burst_without_a_configured_quota_is_served_not_failed(

@@ -240,7 +240,8 @@ def exchanges(sim: Sim, vendor: Sim, work: Path, paths: tuple[str, ...]) -> list
                 "expect": next(answers) if socket else expected(vendor, record),
             }
         )
-    return scrub(out, work)
+    scrubbed: list[dict[str, Any]] = scrub(out, work)
+    return scrubbed
 
 
 def record(codex: Path, claude: Path, into: Path) -> list[Path]:

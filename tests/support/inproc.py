@@ -76,7 +76,7 @@ class Lifespan:
 
     async def __aenter__(self) -> Lifespan:
         scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
-        self._task = asyncio.create_task(self.app(scope, self._inbox.get, self._send))
+        self._task = asyncio.ensure_future(self.app(scope, self._inbox.get, self._send))
         await self._step("startup")
         return self
 

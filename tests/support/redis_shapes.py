@@ -256,7 +256,11 @@ def cluster(workdir: Path, masters: int = 3) -> Iterator[Cluster]:
         create = ("--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes")
         cli(nodes[0].port, *create)
         for n in nodes:
-            wait_for(lambda n=n: "cluster_state:ok" in n.cli("CLUSTER", "INFO"), "cluster ok")
+
+            def ok(n: Server = n) -> bool:
+                return "cluster_state:ok" in n.cli("CLUSTER", "INFO")
+
+            wait_for(ok, "cluster ok")
         yield Cluster(nodes)
     finally:
         for n in nodes:

@@ -12,7 +12,6 @@ import asyncio
 import gc
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import aiohttp
 import httpx
 
 from tests.support.procs import Gateway, Sim
+from tests.support.scrape import metric_sum as metric_sum  # the chaos tests import it here
 from tests.support.waiting import wait_until
 
 ADMIN = "adm-chaos-7f3a9c2e51b8d4a6"
@@ -87,17 +87,6 @@ def ledger_totals(gw: Gateway, model: str | None = None) -> dict[str, int]:
             for n in names:
                 out[n] += int(row[n])
     return out
-
-
-def metric_sum(metrics: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in metrics.splitlines():
-        if not (line.startswith(name + "{") or line.startswith(name + " ")):
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def quiescent(gw: Gateway, sim: Sim | None = None) -> dict[str, Any]:
@@ -220,7 +209,7 @@ def assert_ledger_matches(gw: Gateway, tally: Tally, model: str | None = None) -
 
     try:
         wait_until(matches, "the ledger to settle")
-    except AssertionError:
+    except TimeoutError:  # the assertion below names what differs
         pass
     assert (totals["prompt_tokens"], totals["completion_tokens"]) == (
         tally.prompt,

@@ -22,6 +22,7 @@ from app.api import admin as admin_api
 from app.auth import KeyIndex
 from tests.e2e.chaos._support import ADMIN, ADMIN_H, Make, chat, quiescent, stream_chat
 from tests.support.procs import UPSTREAM_KEY, Gateway, GatewaySpec, Sim
+from tests.support.scrape import label_values
 
 CHAT = "/v1/chat/completions"
 # Not shaped like a key (no sk-/tg- prefix), so only real care keeps it out of the logs.
@@ -177,12 +178,7 @@ def test_metrics_and_health_expose_nothing_secret(gateway: Gateway) -> None:
             assert secret not in text, path
         assert "sk-" not in text and "tg-" not in text, path
     # `key` labels are aliases
-    keys = {
-        part.split('key="', 1)[1].split('"', 1)[0]
-        for part in gateway.metrics().splitlines()
-        if 'key="' in part and not part.startswith("#")
-    }
-    assert keys <= set(gateway.keys)
+    assert label_values(gateway.metrics(), "key") <= set(gateway.keys)
 
 
 # -- constant-time comparison of secrets (source level: a timing test would be flaky) --------------

@@ -174,7 +174,7 @@ async def test_a_full_queue_is_counted_under_its_domain(
         return httpx.Response(200, json=CHAT_OK)
 
     sched = {"token_scheduler": {"queue_capacity": 1, "max_inflight": 1}}
-    client, metrics = await build(sched, handler=slow)  # type: ignore[arg-type]
+    client, metrics = await build(sched, handler=slow)
     # the counter exists from the start, so rate() and increase() see the first refusal
     assert (
         metrics.registry.get_sample_value("tokengate_queue_full_total", {"domain": "default"}) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -122,7 +123,7 @@ async def test_a_live_limit_set_on_one_worker_is_enforced_by_another_within_a_se
     r = await one.put("/admin/keys/alice/limits", headers=ADMIN, json={"requests_per_minute": 70})
     assert r.status_code == 200 and r.json()["requests_per_minute"] == 70
 
-    async def alice_on_two() -> dict[str, object]:
+    async def alice_on_two() -> dict[str, Any]:
         status = (await two.get("/admin/status", headers=ADMIN)).json()
         (alice,) = [k for k in status["limits"]["keys"] if k["alias"] == "alice"]
         return dict(alice)

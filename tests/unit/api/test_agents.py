@@ -38,7 +38,7 @@ async def test_count_tokens_goes_to_an_anthropic_domain_with_its_key(
     make_client: MakeClient,
 ) -> None:
     seen: list[httpx.Request] = []
-    client = await make_client(domain("both", ["claude-x"]), handler=counting(seen))  # type: ignore[arg-type]
+    client = await make_client(domain("both", ["claude-x"]), handler=counting(seen))
     headers = {**ANTHROPIC, "anthropic-beta": "token-counting-2024-11-01"}
     r = await client.post("/v1/messages/count_tokens?beta=true", json=ASK, headers=headers)
     assert r.status_code == 200 and r.json() == {"input_tokens": 77}
@@ -61,7 +61,7 @@ async def test_count_tokens_is_estimated_when_no_anthropic_domain_can_answer(
     make_client: MakeClient,
 ) -> None:
     seen: list[httpx.Request] = []
-    client = await make_client(domain("openai", ["claude-x"]), handler=counting(seen))  # type: ignore[arg-type]
+    client = await make_client(domain("openai", ["claude-x"]), handler=counting(seen))
     r = await client.post("/v1/messages/count_tokens", json=ASK, headers=ANTHROPIC)
     assert r.status_code == 200 and r.headers["x-tokengate-estimated"] == "true"
     assert r.json()["input_tokens"] > 100  # 480 characters / 4, and framing
@@ -76,7 +76,7 @@ async def test_an_upstream_without_count_tokens_gets_the_estimate(
     make_client: MakeClient,
 ) -> None:
     seen: list[httpx.Request] = []
-    client = await make_client(domain("anthropic", ["claude-x"]), handler=counting(seen, 404))  # type: ignore[arg-type]
+    client = await make_client(domain("anthropic", ["claude-x"]), handler=counting(seen, 404))
     r = await client.post("/v1/messages/count_tokens", json=ASK, headers=ANTHROPIC)
     assert r.status_code == 200 and r.headers["x-tokengate-estimated"] == "true"
 
@@ -184,7 +184,7 @@ async def test_a_keys_max_concurrent_queues_its_extra_requests(make_client: Make
         return httpx.Response(200, json=body)
 
     settings = {"scale_up": {"models": ["m-1"]}, "rate_limit": {"max_concurrent": 2}}
-    client = await make_client(settings, handler=slow)  # type: ignore[arg-type]
+    client = await make_client(settings, handler=slow)
     chat = {"model": "m-1", "messages": [{"role": "user", "content": "x"}]}
     answers = await asyncio.gather(
         *(client.post("/v1/chat/completions", json=chat) for _ in range(6))
@@ -195,7 +195,7 @@ async def test_a_keys_max_concurrent_queues_its_extra_requests(make_client: Make
 
     hurried = await make_client(
         {**settings, "token_scheduler": {"max_queue_wait_ms": 20}},
-        handler=slow,  # type: ignore[arg-type]
+        handler=slow,
     )
     answers = await asyncio.gather(
         *(hurried.post("/v1/chat/completions", json=chat) for _ in range(3))

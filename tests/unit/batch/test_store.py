@@ -38,6 +38,7 @@ async def test_a_file_larger_than_a_chunk_comes_back_whole(store: BatchStore) ->
 
 
 async def test_items_are_recorded_once_and_counted(store: BatchStore) -> None:
+    rows: list[tuple[str, dict[str, Any], str, dict[str, Any] | None]]
     rows = [(f"c{i}", {"n": i}, "pending", None) for i in range(3)]
     rows.append(("bad", {}, "failed", {"error": "x"}))
     await store.add_batch(batch("b1", 10), "alice", rows)

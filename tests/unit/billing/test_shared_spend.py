@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -19,6 +19,7 @@ from app.billing.periods import Calendar
 from app.billing.shared_spend import SharedSpend
 from app.billing.spend import Hold, SpendGate
 from app.errors import BudgetExceeded
+from app.kinds import BudgetPeriod
 from app.runtime import Runtime, compile_runtime
 from tests.support.inproc import local_settings
 from tests.support.procs import redis_server
@@ -52,7 +53,7 @@ class Link:
         self.code = client.register_script(shared_spend.BUDGET.source())
         self.up = True
 
-    async def __call__(self, keys: Sequence[str], args: Sequence[object]) -> Any:
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if not self.up:
             return None
         return await self.code(keys=list(keys), args=list(args))
@@ -65,7 +66,7 @@ def gate(rt: Runtime, link: Link, replica: str) -> SpendGate:
 
 
 def month(g: SpendGate) -> tuple[str, str, str]:
-    return ("team", "t", g.windows(time.time())["month"].id)
+    return ("team", "t", g.windows(time.time())[BudgetPeriod.MONTH].id)
 
 
 async def settle_all(g: SpendGate, holds: list[Hold], actual: Amount) -> None:
@@ -139,7 +140,8 @@ async def lapse_times(client: aioredis.Redis, g: SpendGate) -> list[float]:
     """When each of the team's month holds lapses, as Redis scored them (ms)."""
     assert g.shared is not None
     holds = g.shared.key(month(g)) + ":holds"
-    return [score for _, score in await client.zrange(holds, 0, -1, withscores=True)]
+    scored = cast(list[tuple[str, float]], await client.zrange(holds, 0, -1, withscores=True))
+    return [score for _, score in scored]
 
 
 async def test_renewed_holds_stay_held_with_their_lapse_pushed_back(
@@ -204,7 +206,7 @@ async def test_budgets_that_cap_lower_the_hold_in_every_scope(
     assert second is not None and second.cap == 180 and second.need == Amount(0, 190)
     with pytest.raises(BudgetExceeded, match="month tokens budget of team 't'"):
         await g.reserve(key, ask, priced=True)
-    day = g.windows(time.time())["day"].id
+    day = g.windows(time.time())[BudgetPeriod.DAY].id
     mine = await client.hgetall(f"tg:budget:{{key:a}}:{day}")
     team = await client.hgetall(f"tg:budget:{{team:t}}:{month(g)[2]}")
     # the key's hold shrank with the team's, and the refused one gave its hold back

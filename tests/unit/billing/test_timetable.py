@@ -18,7 +18,7 @@ UTC = "UTC"
 
 
 def local(*parts: int, tz: str, fold: int = 0) -> float:
-    return datetime(*parts, tzinfo=ZoneInfo(tz), fold=fold).timestamp()  # type: ignore[misc]
+    return datetime(*parts, tzinfo=ZoneInfo(tz), fold=fold).timestamp()  # type: ignore[arg-type, misc]  # *parts is (y, m, d, h, ...)
 
 
 def table(tz: str = UTC, **windows: dict[str, object]) -> Timetable:

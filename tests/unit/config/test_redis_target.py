@@ -15,7 +15,7 @@ from app.config.sources import ConfigFiles, load_settings
 
 
 def target(**fields: object) -> RedisTarget | None:
-    return RedisConfig(**fields).target()  # type: ignore[arg-type]
+    return RedisConfig(**fields).target()
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_nothing_configured_is_in_process() -> None:
 )
 def test_what_is_refused_and_why(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        RedisConfig(**fields)  # type: ignore[arg-type]
+        RedisConfig(**fields)
 
 
 def test_a_bad_url_stops_the_start_without_showing_its_password(tmp_path: Path) -> None:

@@ -186,11 +186,11 @@ def test_cli_exits_2_with_one_message_and_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
-def test_readme_reference_matches_the_schema() -> None:
-    from app.config.reference import splice
+def test_the_configuration_reference_matches_the_schema() -> None:
+    from app.config.reference import DOC, splice
 
-    readme = (ROOT / "README.md").read_text()
-    assert splice(readme) == readme, "README's configuration reference drifted: run `make docs`"
+    doc = (ROOT / DOC).read_text()
+    assert splice(doc) == doc, f"{DOC}'s configuration reference drifted: run `make docs`"
 
 
 def test_database_url_shorthand_and_deprecated_paths_still_load(

@@ -50,7 +50,7 @@ async def test_fair_queuing_shares_tokens_not_requests() -> None:
         q.push(job("big", cost=1000))
     for _ in range(400):
         q.push(job("small", cost=100))
-    served = Counter()
+    served: Counter[str] = Counter()
     for j in drain(q)[:110]:
         served[j.key] += j.cost
     assert abs(served["big"] - served["small"]) <= 1000

@@ -11,7 +11,7 @@ from app.db.engine import Database
 from app.db.usage import UsageBook
 from app.errors import RateLimited
 from app.limits.admission import Admission, KeyUse, duration
-from app.limits.bucket import Limits
+from app.limits.bucket import Limits, Remaining
 from app.limits.limit_store import MemoryStore
 from app.metrics import Metrics, new_registry
 from app.runtime import KeySpec
@@ -122,8 +122,8 @@ async def test_use_of_a_shared_store_is_the_last_admission_refilled_since() -> N
     adm = Admission(_SharedStore(clock), Metrics(new_registry()), unopened_ledger(), clock=clock)
     assert adm.use(KEY) == KeyUse(Limits(5, 1000), None, "unknown")
     await adm.admit(KEY, 700)
-    assert adm.use(KEY) == KeyUse(Limits(5, 1000), (4, 300), "last_request", 0.0)
+    assert adm.use(KEY) == KeyUse(Limits(5, 1000), Remaining(4, 300), "last_request", 0.0)
     clock.advance(6)
-    assert adm.use(KEY) == KeyUse(Limits(5, 1000), (4, 400), "last_request", 6.0)
+    assert adm.use(KEY) == KeyUse(Limits(5, 1000), Remaining(4, 400), "last_request", 6.0)
     clock.advance(600)
     assert adm.use(KEY).remaining == (5, 1000)  # never above the limit

@@ -168,7 +168,7 @@ class LuaSide:
 
     def levels(self) -> tuple[float, float]:
         found = [self.client.hget(k, "level") for k in self.keys]
-        return float(found[0]), float(found[1])
+        return float(str(found[0])), float(str(found[1]))
 
     def slack(self) -> float:
         return time.monotonic() - self.started + 0.01
@@ -194,8 +194,8 @@ def run(case: Case, side: Side) -> None:
             continue
         limits = step.limits or limits
         d = side.reserve(limits, step.cost)
-        got = (d.allowed, d.limit, (d.requests_remaining, d.tokens_remaining))
-        assert got == (step.allowed, step.limit, step.remaining), where
+        decided = (d.allowed, d.limit, (d.requests_remaining, d.tokens_remaining))
+        assert decided == (step.allowed, step.limit, step.remaining), where
         assert d.too_large == math.isinf(step.retry_after), where
         if math.isinf(step.retry_after):
             assert math.isinf(d.retry_after), where

@@ -9,11 +9,8 @@ from typing import Any, Protocol
 
 import pytest
 
+from app.limits.constants import ACCEPTED_SHARE, BETA, HEADROOM, MIN_STEP
 from app.limits.pacing import (
-    ACCEPTED_SHARE,
-    BETA,
-    HEADROOM,
-    MIN_STEP,
     PaceState,
     RateHeaders,
     Throttle,

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import redis as redis_lib
 
-from app.limits.pacing import HEADROOM, RateHeaders
+from app.limits.constants import HEADROOM
+from app.limits.pacing import RateHeaders
 from app.limits.shared_pace import PACE_SCRIPT
 from tests.support.procs import redis_server
 from tests.unit.limits import test_pace as cases

@@ -187,7 +187,7 @@ async def test_fail_closed_refuses_with_503_while_down(make: Any, redis_aof: Ser
     with pytest.raises(ServiceUnavailable) as err:
         await store.reserve("k", LIMITS, 1)
     assert err.value.code == "redis_unavailable" and store.refusing()
-    assert store.health()["redis"]["state"] == "refusing"  # type: ignore[index]
+    assert store.health()["redis"]["state"] == "refusing"
 
 
 async def test_a_cluster_node_configured_as_one_server_is_a_loud_config_error(
@@ -195,7 +195,7 @@ async def test_a_cluster_node_configured_as_one_server_is_a_loud_config_error(
 ) -> None:
     node = server(tmp_path, extra=("--cluster-enabled", "yes"))
     try:
-        tasks, states = Tasks(), []
+        tasks, states = Tasks(), list[RedisState]()
         cfg = RedisConfig(url=node.url)
         store = SharedStore.from_config(cfg, spawn=tasks.spawn, on_state=states.append)
         with caplog.at_level(logging.ERROR, "tokengate.redis"):

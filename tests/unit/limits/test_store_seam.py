@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from app.config.schema import RedisConfig
 from app.limits.bucket import Limits
@@ -55,8 +57,8 @@ async def test_a_memory_store_knows_no_other_replica_and_reads_its_buckets() -> 
 async def test_redis_replicas_announce_themselves_and_leave_on_close() -> None:
     tasks: set[asyncio.Task[None]] = set()
 
-    def spawn(coro: object) -> None:
-        tasks.add(asyncio.ensure_future(coro))  # type: ignore[arg-type]
+    def spawn(coro: Coroutine[Any, Any, None]) -> None:
+        tasks.add(asyncio.ensure_future(coro))
 
     with redis_server() as server:
         cfg = RedisConfig(url=server.url)

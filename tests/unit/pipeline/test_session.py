@@ -52,7 +52,7 @@ def test_turns_of_one_conversation_share_the_prefix_digest() -> None:
 
 
 def test_anthropic_markers_and_billing_line_do_not_split_a_conversation() -> None:
-    system = [
+    system: list[dict[str, Any]] = [
         {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332;"},
         {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
     ]

@@ -22,7 +22,7 @@ SETTINGS = {"model_route": {"default": "m-1"}, "scale_up": {"models": ["m-1"]}}
 
 
 def sse(rid: str, item: dict[str, Any]) -> bytes:
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": {"id": rid, "model": "m-1"}},
         {"type": "response.output_item.done", "output_index": 0, "item": item},
         {
@@ -203,7 +203,7 @@ async def test_a_429_of_the_key_is_waited_out_within_the_queue_wait(
             raise refusal
         return await real(call)
 
-    ws.session.service.create = limited_once  # type: ignore[method-assign]
+    ws.session.service.create = limited_once
     ws.session.max_wait = 30.0
     frames = await ws.say(create(input="y"))
     assert frames[-1]["type"] == "response.completed"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import pytest
@@ -47,8 +47,8 @@ def relay(make_local_gateway: MakeGateway) -> Callable[[Upstream], Any]:
         assert isinstance(answer, StreamAnswer)
         sent: Messages = []
 
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(dict(message))
 
         async def receive() -> dict[str, Any]:
             await asyncio.sleep(3600)

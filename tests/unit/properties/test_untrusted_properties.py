@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -91,7 +92,7 @@ def test_any_authorization_header_is_a_key_or_a_clean_401(
     try:
         KEYS.authenticate(authorization, api_key)
     except AuthenticationFailed as refused:
-        assert refused.status == 401 and refused.body()["error"]["message"]
+        assert refused.status == 401 and cast(dict[str, Any], refused.body())["error"]["message"]
     else:
         raise AssertionError("no generated header is alice's key")
 

@@ -9,7 +9,7 @@ in a `ClientRequest` whose cost and upstream body can be computed, or in an
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -42,7 +42,7 @@ def parse(endpoint: Endpoint, raw: bytes) -> ClientRequest | InvalidRequest:
     try:
         call = parse_call(endpoint, raw, KEY, "req_prop", {}, time.perf_counter())
     except InvalidRequest as err:
-        assert err.status == 400 and err.body()["error"]["message"]
+        assert err.status == 400 and cast(dict[str, Any], err.body())["error"]["message"]
         return err
     except RecursionError:  # (re-raised short: its traceback is a thousand frames)
         raise AssertionError(

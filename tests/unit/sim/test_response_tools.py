@@ -16,7 +16,7 @@ def answer(tool_choice: Any = "auto", items: list[dict[str, Any]] | None = None)
     items = items or [{"role": "user", "content": "go"}]
     plan = response_shapes.plan(body, "m", [], items, 0, 8)
     (item,) = plan.response["output"]
-    return item
+    return dict(item)
 
 
 def test_a_namespace_tool_is_called_with_its_namespace() -> None:

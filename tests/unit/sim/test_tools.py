@@ -15,7 +15,7 @@ from app.sim.knobs import SimKnobs
 from app.sim.server import create_sim_app
 from app.sim.tools import Tool, choose
 
-READ = {
+READ: dict[str, Any] = {
     "name": "Read",
     "input_schema": {
         "type": "object",
@@ -206,7 +206,7 @@ async def test_messages_tool_use_round_trip_streamed(client: httpx.AsyncClient) 
 
 async def test_cached_tokens_are_reported_per_api(client: httpx.AsyncClient) -> None:
     long = "word " * 300
-    chat = {
+    chat: dict[str, Any] = {
         "model": "gpt-4o",
         "messages": [{"role": "system", "content": long}, {"role": "user", "content": "q1"}],
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.status.recent import MAX_MESSAGE, Failure, RecentErrors
 
 
@@ -11,7 +13,7 @@ def test_keeps_the_newest_entries_and_counts_them_all() -> None:
         errors.add(
             Failure(f"req_{i}", "alice", "gpt-4o", "domain-a", 502, "upstream_error", "boom")
         )
-    snap = errors.snapshot()
+    snap: dict[str, Any] = errors.snapshot()
     assert snap["total"] == 5
     assert [e["request_id"] for e in snap["recent"]] == ["req_4", "req_3", "req_2"]
     assert snap["recent"][0] == {
@@ -29,6 +31,7 @@ def test_keeps_the_newest_entries_and_counts_them_all() -> None:
 def test_long_messages_are_flattened_and_shortened() -> None:
     errors = RecentErrors()
     errors.add(Failure("r", "k", None, None, 400, None, "line one\n\n  line two " + "x" * 500))
-    (entry,) = errors.snapshot()["recent"]
+    snap: dict[str, Any] = errors.snapshot()
+    (entry,) = snap["recent"]
     assert entry["message"].startswith("line one line two x")
     assert len(entry["message"]) == MAX_MESSAGE and entry["message"].endswith("…")

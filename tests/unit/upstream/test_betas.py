@@ -142,7 +142,9 @@ class Strict:
         return httpx.Response(200, json={"ok": True})
 
 
-def client(upstream: Strict, refused: list[tuple[str, str]], **headers: HeaderPolicyConfig):
+def client(
+    upstream: Strict, refused: list[tuple[str, str]], **headers: HeaderPolicyConfig
+) -> UpstreamClient:
     transport = HttpxTransport(Timeouts(1, 1), 2, 2, httpx.MockTransport(upstream))
     return UpstreamClient(spec(**headers), transport, lambda d, h: refused.append((d, h)))
 

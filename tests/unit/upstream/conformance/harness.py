@@ -11,7 +11,6 @@ Each case asserts what the gateway's client sees (status, body, stream events,
 from __future__ import annotations
 
 import json
-import re
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from app.main import create_app
 from app.runtime import compile_runtime
 from tests.support.inproc import local_settings
 from tests.support.loopback import Upstream
+from tests.support.scrape import metric_sum
 from tests.support.served import Served
 
 MODEL = "m-1"
@@ -42,7 +42,7 @@ ANSWER = orjson.dumps(
 
 def event(content: str | None = None, *, usage: dict[str, int] | None = None) -> bytes:
     choices = [] if content is None else [{"index": 0, "delta": {"content": content}}]
-    chunk = {"object": "chat.completion.chunk", "model": MODEL, "choices": choices}
+    chunk: dict[str, Any] = {"object": "chat.completion.chunk", "model": MODEL, "choices": choices}
     if usage is not None:
         chunk["usage"] = usage
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
@@ -100,15 +100,7 @@ class Through:
         return sum(r.startswith(b"POST /v1/chat/completions ") for u in ups for r in u.requests)
 
     async def metric(self, name: str, **labels: str) -> float:
-        text = (await self.client.get("/metrics")).text
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith((name + "{", name + " ")):
-                continue
-            got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
-            if all(got.get(k) == v for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum((await self.client.get("/metrics")).text, name, **labels)
 
 
 def settings_for(bases: list[str], **overrides: Any) -> dict[str, Any]:
