@@ -35,12 +35,13 @@ from typing import Any
 
 import httpx
 
-from app.billing.periods import Calendar, Period
+from app.billing.periods import Calendar
 from app.billing.prices import amount
+from app.billing.spend import BudgetState, SpendGate
 from app.config.alerting import AlertsConfig
 from app.db.alertbook import DELIVERED, AlertBook
 from app.db.engine import DatabaseUnavailable
-from app.limits.spend import BudgetState, SpendGate
+from app.kinds import BudgetPeriod
 from app.runtime import Runtime
 from app.upstream.retry import backoff_delay
 
@@ -185,7 +186,7 @@ class AlertCenter:
             events += threshold_events(state, self.cfg.thresholds, self.currency, calendar, full)
             if await self._reset(state, calendar):
                 events.append(reset_event(state, self.currency, calendar))
-        day = calendar.window("day", now).id
+        day = calendar.window(BudgetPeriod.DAY, now).id
         events += [unpriced_event(model, day) for model in sorted(self.unpriced())]
         return [e for e in events if e[0] not in self._queued]
 
@@ -197,7 +198,7 @@ class AlertCenter:
         if self._periods.get(slot) == state.window.id or state.window.start is None:
             return False
         self._periods[slot] = state.window.id
-        period: Period = b.period
+        period: BudgetPeriod = b.period
         last = calendar.window(period, state.window.start - 1).id
         return await self.book.any_with_prefix(f"threshold:{b.scope}:{b.owner}:{b.name}:{last}:")
 

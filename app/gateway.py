@@ -37,12 +37,15 @@ from app.batch.held import HeldResponses
 from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
+from app.billing.books import BudgetOverrideBook, SpendBook
+from app.billing.ledger import Ledger
 from app.billing.periods import Calendar
+from app.billing.shared_spend import SharedSpend
+from app.billing.spend import SpendGate
 from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.db import migrate
 from app.db.alertbook import AlertBook
-from app.db.budgets import BudgetOverrideBook, SpendBook
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.overrides import OverrideBook
 from app.db.owners import ResponseOwners
@@ -52,13 +55,10 @@ from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.dispatch.homes import LocalHomes, ResponseHomes
 from app.limits.admission import Admission
-from app.limits.ledger import Ledger
+from app.limits.limit_store import LimitStore, MemoryStore
 from app.limits.pacing import PaceState
-from app.limits.redis_store import RedisStore
-from app.limits.shared_spend import SharedSpend
+from app.limits.shared_store import SharedStore
 from app.limits.sockets import SocketCounts
-from app.limits.spend import SpendGate
-from app.limits.store import LimitStore, MemoryStore
 from app.live import LiveControls
 from app.metrics import Metrics
 from app.pipeline.core import Pipeline
@@ -209,7 +209,7 @@ class Gateway:
     def _build_store(self) -> LimitStore:
         s = self.runtime.settings
         if s.redis.enabled:
-            return RedisStore.from_config(
+            return SharedStore.from_config(
                 s.redis,
                 spawn=self.spawn,
                 on_state=self.metrics.record_redis_state,

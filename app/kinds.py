@@ -52,6 +52,30 @@ class ServiceTier(StrEnum):
     PRIORITY = "priority"
 
 
+class BudgetPeriod(StrEnum):
+    """The calendar period a budget counts over (`budgets[].period`), in
+    `billing.timezone`."""
+
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+    TOTAL = "total"  # never resets
+
+
+class BudgetMetric(StrEnum):
+    """What a budget caps: `cost` (nano-units of `billing.currency`) or `tokens`."""
+
+    COST = "cost"
+    TOKENS = "tokens"
+
+
+class BudgetScope(StrEnum):
+    """Whose budget: a key's, or a team's (every key of the team together)."""
+
+    KEY = "key"
+    TEAM = "team"
+
+
 class ApiStyle(StrEnum):
     """Which API a domain's upstream speaks (`[[scale_up]] api_style`)."""
 

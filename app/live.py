@@ -14,17 +14,17 @@ import logging
 import time
 from collections.abc import Callable
 
-from app.billing.budgets import ZERO, Amount
+from app.billing.books import BudgetOverride, BudgetOverrideBook, SpendBook
+from app.billing.budget_rules import ZERO, Amount
+from app.billing.ledger import Ledger
 from app.billing.periods import Calendar
-from app.db.budgets import BudgetOverride, BudgetOverrideBook, SpendBook
+from app.billing.spend import OwnerView, SpendGate
 from app.db.engine import DatabaseUnavailable
 from app.db.overrides import OverrideBook
 from app.errors import Conflict
 from app.limits.admission import Admission
 from app.limits.bucket import Limits
 from app.limits.concurrency import ConcurrencyGate
-from app.limits.ledger import Ledger
-from app.limits.spend import OwnerView, SpendGate
 from app.runtime import KeySpec, Runtime
 
 log = logging.getLogger("tokengate.gateway")

@@ -34,7 +34,7 @@ from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
 from app.gateway import Gateway, TransportFactory
-from app.limits.store import LimitStore
+from app.limits.limit_store import LimitStore
 from app.metrics import Metrics, new_registry
 from app.runtime import Runtime
 from app.signals import lifecycle_signals, tune_gc

@@ -47,7 +47,7 @@ _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class UsageLike(Protocol):
-    """What `record_answer` reads of a ledger entry (`app.limits.ledger.UsageEntry`)."""
+    """What `record_answer` reads of a ledger entry (`app.billing.ledger.UsageEntry`)."""
 
     @property
     def key(self) -> str: ...
@@ -64,7 +64,7 @@ class UsageLike(Protocol):
 
 
 class RedisStateLike(Protocol):
-    """What `record_redis_state` reads (`app.limits.redis_store.RedisState`)."""
+    """What `record_redis_state` reads (`app.state.redis_engine.RedisState`)."""
 
     @property
     def up(self) -> bool: ...

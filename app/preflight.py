@@ -24,9 +24,9 @@ from app.db import migrate
 from app.db.commands import open_database
 from app.db.engine import DatabaseUnavailable
 from app.db.errors import DatabaseProblem
-from app.limits.redis_conn import connect, describe
 from app.log import output_problem
 from app.runtime import Runtime
+from app.state.link import connect, describe
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-from app.billing.budgets import Budget, Scope
+from app.billing.budget_rules import Budget
 from app.billing.prices import to_nanos
 from app.config.cluster import HeaderPolicyConfig
 from app.config.errors import ConfigError, Problem
 from app.config.schema import BudgetConfig, KeyConfig, ScaleUpConfig, Settings
-from app.kinds import ApiStyle, Priority, ServiceTier
+from app.kinds import ApiStyle, BudgetScope, Priority, ServiceTier
 
 
 @dataclass(frozen=True)
@@ -307,9 +307,11 @@ def _keys(
         spec = _key_spec(
             key, limits.tokens_per_minute, limits.requests_per_minute, limits.max_concurrent
         )
-        budgets = _budgets("key", key.alias, key.budgets, f"{where}.budgets", problems, source)
+        budgets = _budgets(
+            BudgetScope.KEY, key.alias, key.budgets, f"{where}.budgets", problems, source
+        )
         per_session = _budgets(
-            "key",
+            BudgetScope.KEY,
             key.alias,
             [key.session_budget] if key.session_budget else [],
             f"{where}.session_budget",
@@ -329,13 +331,15 @@ def _teams(settings: Settings, problems: list[Problem], source: str) -> list[Tea
         if any(t.name == team.name for t in out):
             problems.append(Problem(source, f"{where}.name", "duplicate team name", "rename it"))
             continue
-        budgets = _budgets("team", team.name, team.budgets, f"{where}.budgets", problems, source)
+        budgets = _budgets(
+            BudgetScope.TEAM, team.name, team.budgets, f"{where}.budgets", problems, source
+        )
         out.append(TeamSpec(team.name, budgets))
     return out
 
 
 def _budgets(
-    scope: Scope,
+    scope: BudgetScope,
     owner: str,
     found: list[BudgetConfig],
     where: str,

@@ -14,7 +14,7 @@ from app.api.deps import GatewayDep
 from app.api.json_body import read_model
 from app.auth import bearer_matches
 from app.billing.periods import Calendar
-from app.billing.report import QUARTER, Granularity, Report, build
+from app.billing.usage_report import QUARTER, Granularity, Report, build
 from app.db.engine import DatabaseUnavailable
 from app.db.usage import UsageQuery
 from app.errors import AuthenticationFailed, InvalidRequest, NotFound, ServiceUnavailable

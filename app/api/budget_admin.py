@@ -15,30 +15,29 @@ integers. Instants are ISO 8601 in `billing.timezone`.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.admin import AdminDep, admin_name, parse_instant
 from app.api.json_body import read_model
-from app.billing.budgets import Amount
-from app.billing.periods import Calendar, Window
+from app.billing.books import BudgetOverride
+from app.billing.budget_rules import Amount
+from app.billing.periods import Calendar, Span
 from app.billing.prices import amount, to_nanos
-from app.db.budgets import BudgetOverride
+from app.billing.spend import BudgetState, OwnerView
 from app.db.engine import DatabaseUnavailable
 from app.errors import InvalidRequest, NotFound, ServiceUnavailable
 from app.gateway import Gateway
-from app.limits.spend import BudgetState, OwnerView
+from app.kinds import BudgetMetric, BudgetPeriod, BudgetScope
 
 router = APIRouter(prefix="/admin")
-Scope = Literal["key", "team"]
-PeriodName = Literal["day", "week", "month", "total"]
 
 
 class BudgetChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    period: PeriodName
+    period: BudgetPeriod
     max_cost: Decimal | None = Field(None, gt=0, decimal_places=9, allow_inf_nan=False)
     max_tokens: int | None = Field(None, gt=0)
     until: str | int | float = Field(
@@ -68,7 +67,7 @@ async def budgets(gateway: AdminDep) -> dict[str, object]:
 
 @router.put("/budgets/{scope}/{name}")
 async def raise_budget(
-    scope: Scope, name: str, request: Request, gateway: AdminDep
+    scope: BudgetScope, name: str, request: Request, gateway: AdminDep
 ) -> dict[str, object]:
     _known(gateway, scope, name)
     change = await read_model(request, BudgetChange)
@@ -114,12 +113,12 @@ async def _limit_of(gateway: Gateway, scope: str, name: str, budget: str) -> obj
 
 @router.delete("/budgets/{scope}/{name}")
 async def end_budget(
-    scope: Scope,
+    scope: BudgetScope,
     name: str,
     gateway: AdminDep,
     request: Request,
-    period: Annotated[PeriodName | None, Query()] = None,
-    metric: Annotated[Literal["cost", "tokens"] | None, Query()] = None,
+    period: Annotated[BudgetPeriod | None, Query()] = None,
+    metric: Annotated[BudgetMetric | None, Query()] = None,
 ) -> dict[str, object]:
     _known(gateway, scope, name)
     try:
@@ -186,7 +185,7 @@ def _budget(state: BudgetState, calendar: Calendar) -> dict[str, object]:
     }
 
 
-def _window(w: Window, calendar: Calendar) -> dict[str, Any]:
+def _window(w: Span, calendar: Calendar) -> dict[str, Any]:
     return {
         "period_id": w.id,
         "period_start": calendar.describe(w.start),

@@ -19,11 +19,11 @@ from collections.abc import Iterator, Sequence
 
 from app.api import views
 from app.billing.prices import amount, render
+from app.billing.spend import BudgetState
 from app.dispatch.domain import Domain
 from app.gateway import Gateway
 from app.kinds import DomainState
 from app.limits.admission import KeyUse
-from app.limits.spend import BudgetState
 from app.runtime import KeySpec
 from app.status.board import StatusBoard
 

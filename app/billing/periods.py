@@ -18,16 +18,17 @@ minute for the ledger's flush).
 from __future__ import annotations
 
 from datetime import date, datetime, timedelta
-from typing import Literal, NamedTuple, get_args
+from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
-Period = Literal["day", "week", "month", "total"]
-PERIODS: tuple[Period, ...] = get_args(Period)
+from app.kinds import BudgetPeriod
+
+PERIODS: tuple[BudgetPeriod, ...] = tuple(BudgetPeriod)
 _CACHED_MINUTES = 4096
 
 
-class Window(NamedTuple):
-    period: Period
+class Span(NamedTuple):
+    period: BudgetPeriod
     id: str
     start: float | None  # None for `total`
     end: float | None  # when it resets; None for `total`
@@ -39,14 +40,14 @@ class Calendar:
         self.zone = ZoneInfo(timezone)
         self._ids: dict[int, tuple[str, ...]] = {}
 
-    def window(self, period: Period, at: float) -> Window:
-        if period == "total":
-            return Window("total", "total", None, None)
+    def window(self, period: BudgetPeriod, at: float) -> Span:
+        if period == BudgetPeriod.TOTAL:
+            return Span(period, "total", None, None)
         local = datetime.fromtimestamp(at, self.zone).date()
-        if period == "day":
+        if period == BudgetPeriod.DAY:
             first, after = local, local + timedelta(days=1)
             pid = f"day:{local.isoformat()}"
-        elif period == "week":
+        elif period == BudgetPeriod.WEEK:
             first = local - timedelta(days=local.weekday())
             after = first + timedelta(days=7)
             year, week, _ = local.isocalendar()
@@ -55,13 +56,13 @@ class Calendar:
             first = local.replace(day=1)
             after = (first + timedelta(days=32)).replace(day=1)
             pid = f"month:{first.year}-{first.month:02d}"
-        return Window(period, pid, self.midnight(first), self.midnight(after))
+        return Span(period, pid, self.midnight(first), self.midnight(after))
 
     def midnight(self, day: date) -> float:
         """The first instant of `day` here (epoch seconds)."""
         return datetime(day.year, day.month, day.day, tzinfo=self.zone).timestamp()
 
-    def windows(self, at: float) -> tuple[Window, ...]:
+    def windows(self, at: float) -> tuple[Span, ...]:
         return tuple(self.window(p, at) for p in PERIODS)
 
     def ids_at(self, minute: int) -> tuple[str, ...]:

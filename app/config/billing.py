@@ -8,10 +8,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, field_validator, model_validator
 
 from app.config.section import Money, OnShort, PositiveInt, Section, TeamName
+from app.kinds import BudgetPeriod
 
 
 class BudgetConfig(Section):
-    period: Literal["day", "week", "month", "total"] = Field(
+    period: BudgetPeriod = Field(
         description="Calendar period the budget counts over, in `billing.timezone`: `day` "
         "(from local midnight), `week` (ISO week, from Monday), `month` (from the 1st) or "
         "`total` (never resets)."

@@ -1,5 +1,5 @@
 """Where the shared-state Redis is: one of the shapes operators run, read from the
-`redis` section. Pure (no client here: `app/limits/redis_conn.py` builds one from a
+`redis` section. Pure (no client here: `app/state/link.py` builds one from a
 `RedisTarget`), so a bad URL is a configuration error at start, exit code 2.
 
     redis://[user:password@]host[:port][/db]            one server

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from app.billing.budgets import ZERO, Amount, Ask
+from app.billing.budget_rules import ZERO, Amount, Ask
+from app.billing.ledger import Ledger, UsageEntry
+from app.billing.spend import Hold, SpendGate
 from app.errors import GatewayError, RateLimited
 from app.limits.bucket import Decision, Limits, Remaining
-from app.limits.ledger import Ledger, UsageEntry
-from app.limits.spend import Hold, SpendGate
-from app.limits.store import LimitStore
+from app.limits.limit_store import LimitStore
 from app.metrics import Metrics
 from app.runtime import KeySpec
 

@@ -26,11 +26,14 @@ import itertools
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from app.errors import ServiceUnavailable
+from app.state.link import Call
+from app.state.scripts import Script
 
+LEASE = Script.of("app.limits", "lease.lua")
 POLL_SEC = 0.05
 LEASE_TTL_MS = 15_000
 _EWMA = 0.2
@@ -42,6 +45,11 @@ class KeySlots(Protocol):
     async def take(self, key: str, limit: int, lease: str) -> bool: ...
 
     async def give_back(self, key: str, lease: str) -> None: ...
+
+    def release(self, key: str, lease: str) -> Coroutine[Any, Any, None] | None:
+        """Give a lease back: at once when it is counted here (None), else the
+        coroutine that gives it back, for the lifecycle owner to run."""
+        ...
 
     async def renew(self, held: dict[str, list[str]]) -> None: ...
 
@@ -73,6 +81,10 @@ class LocalSlots:
     async def give_back(self, key: str, lease: str) -> None:
         self.give_back_now(key, lease)
 
+    def release(self, key: str, lease: str) -> Coroutine[Any, Any, None] | None:
+        self.give_back_now(key, lease)
+        return None
+
     def give_back_now(self, key: str, lease: str) -> None:
         held = self.held.get(key)
         if held is not None:
@@ -93,26 +105,33 @@ class LocalSlots:
         return {}
 
 
-class LeaseScripts(Protocol):
-    async def lease(self, key: str, args: list[Any]) -> Any: ...
+class Calls(Protocol):
+    """The shared-state engine (`app/state/redis_engine.py`), as the slots use it."""
+
+    async def call(self, call: Call) -> Any | None: ...
 
 
 class SharedSlots:
-    """Slots shared by every replica through Redis (`lease.lua`, run by the store);
+    """Slots shared by every replica through Redis (`lease.lua`, run by the engine);
     a lease taken while Redis was unreachable is counted and released locally."""
 
     shared = True
 
-    def __init__(self, scripts: LeaseScripts, prefix: str) -> None:
-        self.scripts = scripts
+    def __init__(self, engine: Calls, prefix: str) -> None:
+        self.engine = engine
         self.prefix = prefix
         self.local = LocalSlots()
+
+    async def lease(self, key: str, args: list[Any]) -> Any | None:
+        """One step of `lease.lua`; None when Redis did not answer (the caller then
+        counts this replica's own)."""
+        return await self.engine.call(Call(LEASE, (key,), tuple(args)))
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}conc:{{{key}}}"
 
     async def take(self, key: str, limit: int, lease: str) -> bool:
-        got = await self.scripts.lease(self._key(key), ["take", limit, LEASE_TTL_MS, lease])
+        got = await self.lease(self._key(key), ["take", limit, LEASE_TTL_MS, lease])
         if got is None:
             return self.local.take_now(key, limit, lease)
         return bool(int(got))
@@ -121,24 +140,30 @@ class SharedSlots:
         if lease in self.local.held.get(key, ()):
             self.local.give_back_now(key, lease)
             return
-        await self.scripts.lease(self._key(key), ["release", lease])
+        await self.lease(self._key(key), ["release", lease])
+
+    def release(self, key: str, lease: str) -> Coroutine[Any, Any, None] | None:
+        if lease in self.local.held.get(key, ()):
+            self.local.give_back_now(key, lease)
+            return None
+        return self.give_back(key, lease)
 
     async def renew(self, held: dict[str, list[str]]) -> None:
         for key, leases in held.items():
             shared = [x for x in leases if x not in self.local.held.get(key, ())]
             if shared:
-                await self.scripts.lease(self._key(key), ["renew", LEASE_TTL_MS, *shared])
+                await self.lease(self._key(key), ["renew", LEASE_TTL_MS, *shared])
 
     async def save_cap(self, key: str, cap: int) -> None:
-        await self.scripts.lease(f"{self.prefix}concurrency", ["setcap", key, cap])
+        await self.lease(f"{self.prefix}concurrency", ["setcap", key, cap])
 
     async def drop_cap(self, key: str) -> None:
-        await self.scripts.lease(f"{self.prefix}concurrency", ["dropcap", key])
+        await self.lease(f"{self.prefix}concurrency", ["dropcap", key])
 
     async def load_caps(self) -> dict[str, int] | None:
         """Live caps set on any replica; None while Redis is unreachable (keep the ones
         known: an outage clears nothing)."""
-        raw = await self.scripts.lease(f"{self.prefix}concurrency", ["caps"])
+        raw = await self.lease(f"{self.prefix}concurrency", ["caps"])
         if raw is None:
             return None
         pairs = list(raw)
@@ -244,10 +269,8 @@ class ConcurrencyGate:
         line = self.lines.get(key)
         if line is not None:
             line.hold += _EWMA * (self.clock() - lease.since - line.hold)
-        if isinstance(self.slots, LocalSlots):
-            self.slots.give_back_now(key, lease.ident)
-        else:
-            self.spawn(self.slots.give_back(key, lease.ident))
+        if (giving_back := self.slots.release(key, lease.ident)) is not None:
+            self.spawn(giving_back)
         if line is not None and line.waiters:
             line.waiters[0].set()
         elif line is not None and key not in self.held:

@@ -1,7 +1,8 @@
 """The numbers the Python pacer and bucket share with their Lua twins.
 
-`pacing.py` and `bucket.py` import them; `lua.py` writes them as `local` lines at the top
-of `pace.lua` and `token_bucket.lua` when the scripts are loaded, so the two
+`pacing.py` and `bucket.py` import them; the scripts' declarations (`shared_store.py`,
+`app/state/scripts.py`) write them as `local` lines at the top of `pace.lua` and
+`token_bucket.lua` when the scripts are loaded, so the two
 implementations can not drift apart by a typo (the parity tests then check the
 arithmetic itself).
 """
@@ -26,9 +27,6 @@ PACE_TTL_MS = 3_600_000  # a domain's shared pace is forgotten after a quiet hou
 WINDOW_SEC = 60.0  # a bucket holds one minute's allowance
 BUCKET_TTL_MS = 120_000  # after 2 windows idle a bucket is full again: Redis forgets it
 
-# -- the replicas (replicas.lua, redis_store.py) --------------------------------------------
-REPLICA_WINDOW_MS = 60_000  # a process seen within this long counts as alive
-
 PACE_LUA = (
     "HEADROOM",
     "BETA",
@@ -44,4 +42,8 @@ PACE_LUA = (
     "PACE_TTL_MS",
 )
 BUCKET_LUA = ("WINDOW_SEC", "BUCKET_TTL_MS")
-REPLICAS_LUA = ("REPLICA_WINDOW_MS",)
+
+
+def values(names: tuple[str, ...]) -> dict[str, float]:
+    """The named constants and their values (what a script's `-- @constants` line gets)."""
+    return {name: globals()[name] for name in names}

@@ -17,7 +17,7 @@
 --              (answered: this replica's upstream answers since its last `state` call,
 --               reported once a second, so a throttle knows what every replica got)
 -- rate / token_rate are strings ("-1": unbounded); the hash expires after a quiet hour.
--- HEADROOM, BETA, ... come from app/limits/constants.py (app/limits/lua.py writes them here)
+-- HEADROOM, BETA, ... come from app/limits/constants.py (app/state/scripts.py writes them here)
 -- @constants
 
 local op = ARGV[1]

@@ -33,10 +33,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from app.billing.budgets import Budget
+from app.billing.budget_rules import Budget
 from app.billing.periods import Calendar
 from app.billing.prices import render
 from app.errors import SessionBudgetExceeded
+from app.kinds import BudgetPeriod
 
 NONE = "-"  # a request without a session
 OTHER = "~other"  # sessions of a key past its cap of active sessions
@@ -122,7 +123,7 @@ class SessionBook:
         if label == NONE:
             return
         now = self.clock()
-        today = self.calendar.window("day", now).id
+        today = self.calendar.window(BudgetPeriod.DAY, now).id
         if today != self._today:  # a new day: drop the spend of periods that ended
             self._today = today
             self.forget_past()
@@ -140,7 +141,7 @@ class SessionBook:
         budgets, and the day (the status page's view)."""
         now = self.clock()
         ids = {self.calendar.window(b.period, now).id for b in budgets}
-        ids.add(self.calendar.window("day", now).id)
+        ids.add(self.calendar.window(BudgetPeriod.DAY, now).id)
         return sorted(ids)
 
     def over(
@@ -162,7 +163,7 @@ class SessionBook:
 
     def costliest(self, n: int = 10) -> list[tuple[str, str, Spent]]:
         """Today's sessions, costliest first (tokens break ties): (key, label, spent)."""
-        today = self.calendar.window("day", self.clock()).id
+        today = self.calendar.window(BudgetPeriod.DAY, self.clock()).id
         rows = [
             (spent, key, label)
             for (key, label, period), spent in self._spent.items()
@@ -174,7 +175,7 @@ class SessionBook:
     def forget_past(self) -> None:
         """Drop the spend of periods that ended (housekeeping, once a minute or so)."""
         now = self.clock()
-        current = {self.calendar.window(p, now).id for p in ("day", "week", "month", "total")}
+        current = {self.calendar.window(p, now).id for p in BudgetPeriod}
         for k in [k for k in self._spent if k[2] not in current]:
             del self._spent[k]
 

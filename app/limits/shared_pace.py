@@ -1,17 +1,19 @@
 """A domain's pace shared by every replica through Redis (`pace.lua`).
 
-The script runner is the Redis store's (`RedisStore.pace`, which sends the bookings of
-a domain that meet in one round trip as one call): this module never touches Redis
-itself. While Redis is unreachable the replica paces alone at its share of the quota
+The bookings of a domain that meet in one round trip of the shared-state engine go as
+one call (`PaceBookings`, a feeder of `app/state/redis_engine.py`): this module never touches
+Redis itself. While Redis is unreachable the replica paces alone at its share of the quota
 (the quota, or the rate learned together, / the replicas seen alive in the last minute).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.limits.constants import MAX_COOL_DOWN
+from app.limits.constants import MAX_COOL_DOWN, PACE_LUA, values
 from app.limits.pacing import (
     LocalPacer,
     PaceState,
@@ -19,6 +21,88 @@ from app.limits.pacing import (
     Throttle,
     pace_view,
 )
+from app.state.link import Call
+from app.state.redis_engine import Pending, RedisEngine, Unanswered
+from app.state.scripts import Script
+
+PACE_SCRIPT = Script.of("app.limits", "pace.lua", values(PACE_LUA))
+
+
+@dataclass(slots=True)
+class _Bookings:
+    """One `pace.lua` reserve call: a domain's bookings, in order."""
+
+    key: str
+    head: tuple[Any, ...]
+    pairs: list[int] = field(default_factory=list)
+    waiters: list[asyncio.Future[list[Any]]] = field(default_factory=list)
+
+    def call(self) -> Call:
+        return Call(PACE_SCRIPT, (self.key,), (*self.head, *self.pairs))
+
+    def deliver(self, result: Any) -> None:
+        first, *rest = result
+        for wait, booked in zip(str(first).split(","), self.waiters, strict=True):
+            if not booked.cancelled():
+                booked.set_result([wait, *rest])
+
+    def fail(self) -> None:
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.set_exception(Unanswered())
+
+
+class PaceBookings:
+    """Every domain's `pace.lua` calls, as a feeder of the engine: the bookings of one
+    domain that meet in a round trip are one call; other steps ride along alone."""
+
+    def __init__(self, engine: RedisEngine) -> None:
+        self.engine = engine
+        self._groups: dict[tuple[str, tuple[Any, ...]], _Bookings] = {}
+
+    @property
+    def usable(self) -> bool:
+        return self.engine.usable
+
+    @property
+    def divisor(self) -> int:
+        return self.engine.divisor
+
+    async def pace(self, key: str, args: list[Any]) -> list[Any] | None:
+        """One step of `pace.lua`; None when Redis did not answer (the pacer then paces
+        alone, at its share)."""
+        engine = self.engine
+        if not engine.usable:
+            return None
+        if args[0] != "reserve":
+            answer: list[Any] | None = await engine.call(Call(PACE_SCRIPT, (key,), tuple(args)))
+            return answer
+        head = tuple(args[:5])
+        group = self._groups.get((key, head))
+        if group is None:
+            group = self._groups[(key, head)] = _Bookings(key, head)
+        waiter: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        group.pairs += args[5:7]
+        group.waiters.append(waiter)
+        engine.kick()
+        try:
+            return await waiter
+        except Unanswered:
+            return None
+
+    def take(self) -> list[Pending]:
+        batch: list[Pending] = list(self._groups.values())
+        self._groups = {}
+        return batch
+
+    def urgent(self) -> bool:
+        return bool(self._groups)
+
+    def lazy(self) -> bool:
+        return False
+
+    def heard(self, replicas: int, back: bool, lost: bool) -> None:
+        """Nothing to hand over: a domain paced alone meanwhile starts afresh."""
 
 
 class PaceScripts(Protocol):

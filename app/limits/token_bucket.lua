@@ -11,7 +11,7 @@
 --   -> n x {allowed, limit(0 none|1 requests|2 tokens), retry_after_ms,
 --           requests_remaining, requests_reset_ms, tokens_remaining, tokens_reset_ms}
 --      flattened (empty for n = 0, a settle alone)
--- WINDOW_SEC and BUCKET_TTL_MS come from app/limits/constants.py (via app/limits/lua.py)
+-- WINDOW_SEC and BUCKET_TTL_MS come from app/limits/constants.py (via app/state/scripts.py)
 -- @constants
 
 local t = redis.call('TIME')

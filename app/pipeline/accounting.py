@@ -15,13 +15,13 @@ import logging
 import time
 from collections.abc import Callable
 
+from app.billing.ledger import UsageEntry
 from app.billing.prices import render
 from app.billing.timetable import NO_WINDOW
 from app.dispatch.domain import Domain
 from app.errors import GatewayError
 from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
-from app.limits.ledger import UsageEntry
 from app.limits.sessions import SessionBook
 from app.metrics import Metrics
 from app.pipeline.answer import JsonAnswer, Reply

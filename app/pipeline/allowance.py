@@ -26,10 +26,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from app.billing.budgets import Amount, Ask
+from app.billing.budget_rules import Amount, Ask
 from app.billing.prices import Price, PriceList
+from app.billing.spend import Hold, SpendGate
 from app.billing.timetable import NO_WINDOW, Timetable
-from app.limits.spend import Hold, SpendGate
 from app.pipeline.plan import Planner
 from app.pipeline.request import EMBEDDINGS, ClientRequest
 

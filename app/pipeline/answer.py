@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from app.billing.spend import SpendGate
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
 from app.limits.admission import Ticket
-from app.limits.spend import SpendGate
 from app.metrics import Metrics
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace

@@ -26,13 +26,13 @@ from functools import partial
 
 from app.billing.periods import Calendar
 from app.billing.prices import PriceList
+from app.billing.spend import SpendGate
 from app.billing.timetable import Timetable
 from app.dispatch.domain import Domain
 from app.errors import GatewayError
 from app.limits.admission import Admission
+from app.limits.limit_store import Spawn
 from app.limits.sessions import SessionBook, raw_session, session_refusal
-from app.limits.spend import SpendGate
-from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.accounting import Accounting, status_of
 from app.pipeline.allowance import Allowance

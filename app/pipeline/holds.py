@@ -13,8 +13,8 @@ from app.config.schema import Settings
 from app.errors import ServiceUnavailable
 from app.limits.admission import Admission
 from app.limits.concurrency import ConcurrencyGate, Lease
+from app.limits.limit_store import Spawn
 from app.limits.output import OutputEstimator
-from app.limits.store import Spawn
 from app.metrics import Metrics
 from app.pipeline.request import EMBEDDINGS, ClientRequest
 from app.pipeline.trace import Trace

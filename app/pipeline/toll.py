@@ -16,8 +16,8 @@ upstream is asked.
 
 from __future__ import annotations
 
+from app.billing.ledger import UsageEntry
 from app.limits.admission import Admission, Ticket
-from app.limits.ledger import UsageEntry
 from app.runtime import KeySpec
 
 

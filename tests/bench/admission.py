@@ -6,7 +6,7 @@ add the ledger entry), through `app.limits.Admission` exactly as the pipeline ca
 it. Three stores behind the same `Admission`:
 - `none`: a store that admits without looking (the cost of the machinery alone),
 - `memory`: `MemoryStore`, the default without Redis,
-- `redis`: `RedisStore` on a real `redis-server` on a loopback port (a reservation
+- `redis`: `SharedStore` on a real `redis-server` on a loopback port (a reservation
   waits for its round trip, shared with whatever else met it; a settle rides along).
 Reported as µs per admission, sequential and 32 / 64 at a time, and as ratios to
 `none` measured in the same run. Best of `repeats`, because a shared machine only
@@ -30,14 +30,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from app.billing.ledger import Ledger, UsageEntry
 from app.config.schema import DatabaseConfig, LedgerConfig, RedisConfig
 from app.db.engine import Database
 from app.db.usage import UsageBook
 from app.limits.admission import Admission
 from app.limits.bucket import Decision, Limits
-from app.limits.ledger import Ledger, UsageEntry
-from app.limits.redis_store import RedisStore
-from app.limits.store import LimitStore, MemoryStore
+from app.limits.limit_store import LimitStore, MemoryStore
+from app.limits.shared_store import SharedStore
 from app.metrics import Metrics
 from app.runtime import KeySpec
 from tests.bench import subjects
@@ -180,7 +180,7 @@ async def _all(redis_url: str | None, repeats: int) -> dict[str, dict[str, objec
     if redis_url:
         spawn = _Spawner()
         cfg = RedisConfig(url=redis_url, key_prefix="bench:")
-        store = RedisStore.from_config(cfg, spawn=spawn, on_state=None)
+        store = SharedStore.from_config(cfg, spawn=spawn, on_state=None)
         out["redis"] = await _measure(store, 2_000, repeats, spawn)
     base = out["none"]
     for row in out.values():

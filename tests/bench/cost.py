@@ -16,14 +16,14 @@ from decimal import Decimal
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from app.billing.budgets import Amount
+from app.billing.budget_rules import Amount
+from app.billing.ledger import Ledger, UsageEntry
 from app.billing.periods import Calendar
 from app.billing.prices import PriceList, Tokens
+from app.billing.spend import SpendGate
 from app.config.schema import DatabaseConfig, LedgerConfig, PriceConfig, Settings
 from app.db.engine import Database
 from app.db.usage import UsageBook
-from app.limits.ledger import Ledger, UsageEntry
-from app.limits.spend import SpendGate
 from app.runtime import compile_runtime
 
 N = 100_000

@@ -16,11 +16,11 @@ import time
 import timeit
 from pathlib import Path
 
+from app.billing.ledger import Ledger, UsageEntry
 from app.config.schema import DatabaseConfig, LedgerConfig
 from app.db import migrate
 from app.db.engine import Database
 from app.db.usage import UsageBook
-from app.limits.ledger import Ledger, UsageEntry
 
 
 def _add_cost() -> tuple[float, float]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from app.limits.ledger import UsageEntry
+from app.billing.ledger import UsageEntry
 from app.metrics import Metrics
 from app.status.board import StatusBoard
 from tests.bench import common, subjects, throughput

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.gateway import Gateway
-from app.limits.store import MemoryStore
+from app.limits.limit_store import MemoryStore
 from app.metrics import Metrics, new_registry
 from app.runtime import compile_runtime
 from tests.support.clock import FakeClock

@@ -12,13 +12,14 @@ from typing import Any
 from pydantic import SecretStr
 
 from app.alerts import AlertCenter, sign, threshold_events
-from app.billing.budgets import Budget
+from app.billing.budget_rules import Budget
 from app.billing.periods import Calendar
+from app.billing.spend import BudgetState
 from app.config.schema import DatabaseConfig, Settings
 from app.db import migrate
 from app.db.alertbook import AlertBook
 from app.db.engine import Database
-from app.limits.spend import BudgetState
+from app.kinds import BudgetMetric, BudgetPeriod, BudgetScope
 from app.runtime import Runtime
 from tests.support.receiver import receiver
 
@@ -28,8 +29,8 @@ SECRET = "alert-secret-0123456789"
 
 
 def state(spent: int, limit: int = 1000) -> BudgetState:
-    budget = Budget("key", "alice", "day", "tokens", limit)
-    return BudgetState(budget, limit, None, CAL.window("day", NOW), spent, 0)
+    budget = Budget(BudgetScope.KEY, "alice", BudgetPeriod.DAY, BudgetMetric.TOKENS, limit)
+    return BudgetState(budget, limit, None, CAL.window(BudgetPeriod.DAY, NOW), spent, 0)
 
 
 class FakeSpend:
@@ -167,8 +168,8 @@ async def test_a_budget_that_alerted_and_enters_a_new_period_sends_a_reset(
         c = await center(db, spend, runtime(hook.url), "r")
         await c.tick()
         tomorrow = NOW + 86400
-        budget = Budget("key", "alice", "day", "tokens", 1000)
-        spend.now = [BudgetState(budget, 1000, None, CAL.window("day", tomorrow), 0, 0)]
+        budget = Budget(BudgetScope.KEY, "alice", BudgetPeriod.DAY, BudgetMetric.TOKENS, 1000)
+        spend.now = [BudgetState(budget, 1000, None, CAL.window(BudgetPeriod.DAY, tomorrow), 0, 0)]
         c.clock_cell[0] = tomorrow  # type: ignore[attr-defined]
         await c.tick()
         await c.tick()  # seen again in the same period: nothing more
@@ -178,8 +179,8 @@ async def test_a_budget_that_alerted_and_enters_a_new_period_sends_a_reset(
             ("budget_reset", "day:2026-05-29"),
         ]
         # a budget that never alerted sends no reset
-        other = Budget("team", "quiet", "day", "tokens", 1000)
-        spend.now = [BudgetState(other, 1000, None, CAL.window("day", tomorrow), 0, 0)]
+        other = Budget(BudgetScope.TEAM, "quiet", BudgetPeriod.DAY, BudgetMetric.TOKENS, 1000)
+        spend.now = [BudgetState(other, 1000, None, CAL.window(BudgetPeriod.DAY, tomorrow), 0, 0)]
         await c.tick()
         assert len(hook.delivered()) == 2
         await c.close()

@@ -7,7 +7,7 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from app.limits.ledger import UsageEntry
+from app.billing.ledger import UsageEntry
 from app.metrics import Metrics
 
 # On and around the bounds of the latency buckets, past the last one, and zero.

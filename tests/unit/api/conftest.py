@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.limits.store import Clock, MemoryStore
+from app.limits.limit_store import Clock, MemoryStore
 from app.main import create_app
 from app.runtime import compile_runtime
 from tests.support.inproc import (

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.limits.ledger import UsageEntry
+from app.billing.ledger import UsageEntry
 from tests.support.inproc import ADMIN_KEY, MakeClient, gateway_of
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from app.billing.ledger import Ledger, UsageEntry
 from app.config.schema import DatabaseConfig, LedgerConfig
 from app.db import migrate
 from app.db.engine import Database
 from app.db.usage import UsageBook, UsageQuery
-from app.limits.ledger import Ledger, UsageEntry
 
 
 async def test_ledger_rows_of_0002_survive_the_upgrade_and_count_on(

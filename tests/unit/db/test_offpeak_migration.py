@@ -9,11 +9,11 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from app.billing.ledger import Ledger, UsageEntry
 from app.config.schema import DatabaseConfig, LedgerConfig
 from app.db import migrate
 from app.db.engine import Database
 from app.db.usage import UsageBook, UsageQuery
-from app.limits.ledger import Ledger, UsageEntry
 
 
 async def test_rows_before_windows_stay_in_window_dash_and_windows_group_apart(

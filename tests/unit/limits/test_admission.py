@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
+from app.billing.ledger import Ledger, UsageEntry
 from app.config.schema import DatabaseConfig, LedgerConfig
 from app.db.engine import Database
 from app.db.usage import UsageBook
 from app.errors import RateLimited
 from app.limits.admission import Admission, KeyUse, duration
 from app.limits.bucket import Limits, Remaining
-from app.limits.ledger import Ledger, UsageEntry
-from app.limits.store import MemoryStore
+from app.limits.limit_store import MemoryStore
 from app.metrics import Metrics, new_registry
 from app.runtime import KeySpec
 from tests.support.clock import FakeClock

@@ -20,10 +20,9 @@ from typing import NamedTuple, Protocol
 import pytest
 import redis
 
-from app.limits import lua
 from app.limits.bucket import Decision, Limits
-from app.limits.redis_store import _decision
-from app.limits.store import MemoryBuckets
+from app.limits.limit_store import MemoryBuckets
+from app.limits.shared_store import BUCKET, _decision
 from tests.support.clock import FakeClock
 from tests.support.procs import redis_server
 
@@ -154,7 +153,7 @@ class PythonSide:
 
 class LuaSide:
     def __init__(self, client: redis.Redis, prefix: str) -> None:
-        text = lua.script("token_bucket.lua")
+        text = BUCKET.source()
         self.client = client
         self.script = client.register_script(text)
         self.keys = [f"{prefix}:{n}" for n in NAMES]

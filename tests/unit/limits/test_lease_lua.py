@@ -1,4 +1,4 @@
-"""`lease.lua` on a real redis-server, through two Redis stores (two replicas): a key's
+"""`lease.lua` on a real redis-server, through two shared stores (two replicas): a key's
 cap holds across both, a lease that is not renewed expires (a dead replica's slots come
 back), live caps reach every replica, and with Redis gone each counts its own."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from app.config.schema import RedisConfig
 from app.limits.concurrency import SharedSlots
-from app.limits.redis_store import RedisStore
+from app.limits.shared_store import SharedStore
 from tests.support.procs import Redis, redis_server
 
 tasks: set[asyncio.Task[None]] = set()
@@ -25,11 +25,11 @@ def spawn(coro: Coroutine[Any, Any, None]) -> None:
 
 
 @pytest.fixture
-async def pair() -> AsyncIterator[tuple[RedisStore, RedisStore, Redis]]:
+async def pair() -> AsyncIterator[tuple[SharedStore, SharedStore, Redis]]:
     with redis_server() as server:
         cfg = RedisConfig(url=server.url)
         stores = tuple(
-            RedisStore.from_config(cfg, spawn=spawn, on_state=None, replica=f"r{i}")
+            SharedStore.from_config(cfg, spawn=spawn, on_state=None, replica=f"r{i}")
             for i in range(2)
         )
         for store in stores:
@@ -42,9 +42,9 @@ async def pair() -> AsyncIterator[tuple[RedisStore, RedisStore, Redis]]:
 
 
 async def test_the_cap_holds_across_replicas_and_a_release_frees_a_slot(
-    pair: tuple[RedisStore, RedisStore, Redis],
+    pair: tuple[SharedStore, SharedStore, Redis],
 ) -> None:
-    a, b = (SharedSlots(s, "t:") for s in pair[:2])
+    a, b = (SharedSlots(s.engine, "t:") for s in pair[:2])
     assert await a.take("k", 2, "a1") and await b.take("k", 2, "b1")
     assert not await a.take("k", 2, "a2") and not await b.take("k", 2, "b2")
     assert await a.take("other", 2, "a3")  # per key
@@ -52,10 +52,10 @@ async def test_the_cap_holds_across_replicas_and_a_release_frees_a_slot(
     assert await a.take("k", 2, "a2")
 
 
-async def test_leases_expire_unless_renewed(pair: tuple[RedisStore, RedisStore, Redis]) -> None:
+async def test_leases_expire_unless_renewed(pair: tuple[SharedStore, SharedStore, Redis]) -> None:
     """A renewal far longer than the test keeps its lease; a lease nobody renews is gone
     once its time is up. Slowness only lengthens the wait: it holds at any speed."""
-    store = pair[0]
+    store = SharedSlots(pair[0].engine, "t:")
     kept, lost = "t:conc:{kept}", "t:conc:{lost}"
     assert await store.lease(kept, ["take", 1, 150, "dead-replica"]) == 1
     assert await store.lease(lost, ["take", 1, 150, "dead-replica"]) == 1
@@ -66,8 +66,8 @@ async def test_leases_expire_unless_renewed(pair: tuple[RedisStore, RedisStore, 
     assert await store.lease(lost, ["take", 1, 150, "x"]) == 1  # not renewed: expired
 
 
-async def test_live_caps_are_shared(pair: tuple[RedisStore, RedisStore, Redis]) -> None:
-    a, b = (SharedSlots(s, "t:") for s in pair[:2])
+async def test_live_caps_are_shared(pair: tuple[SharedStore, SharedStore, Redis]) -> None:
+    a, b = (SharedSlots(s.engine, "t:") for s in pair[:2])
     await a.save_cap("alice", 3)
     await a.save_cap("bob", 1)
     assert await b.load_caps() == {"alice": 3, "bob": 1}
@@ -76,10 +76,10 @@ async def test_live_caps_are_shared(pair: tuple[RedisStore, RedisStore, Redis]) 
 
 
 async def test_without_redis_each_replica_counts_its_own(
-    pair: tuple[RedisStore, RedisStore, Redis],
+    pair: tuple[SharedStore, SharedStore, Redis],
 ) -> None:
     store, _, server = pair
-    slots = SharedSlots(store, "t:")
+    slots = SharedSlots(store.engine, "t:")
     server.kill()
     assert await slots.take("k", 1, "l1")
     assert not await slots.take("k", 1, "l2")

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis as redis_lib
 
-from app.limits import lua
 from app.limits.constants import HEADROOM
 from app.limits.pacing import RateHeaders
+from app.limits.shared_pace import PACE_SCRIPT
 from tests.support.procs import redis_server
 from tests.unit.limits import test_pace as cases
 
@@ -33,7 +33,7 @@ class LuaPace:
         window: float,
         key: str | None = None,
     ) -> None:
-        self.script = client.register_script(lua.script("pace.lua"))
+        self.script = client.register_script(PACE_SCRIPT.source())
         self.key = key or f"test:pace:{uuid.uuid4().hex}"  # a fresh state per pacer
         self.ceilings = [-1 if q is None else q / 60 * HEADROOM for q in (rpm, tpm)]
         self.window = window

@@ -15,10 +15,10 @@ import pytest
 from app.config.schema import RedisConfig
 from app.limits.bucket import Limits
 from app.limits.pacing import PaceState
-from app.limits.redis_store import RedisStore
+from app.limits.shared_store import SharedStore
 from tests.support.redis_shapes import cluster, sentinel_setup, server
 from tests.support.tls import certificate
-from tests.unit.limits.test_redis_store import Tasks
+from tests.unit.limits.test_shared_store import Tasks
 
 LIMITS = Limits(requests_per_minute=20, tokens_per_minute=100_000)
 Make = Callable[..., Any]
@@ -26,11 +26,11 @@ Make = Callable[..., Any]
 
 @pytest.fixture
 async def make() -> AsyncIterator[Make]:
-    made: list[RedisStore] = []
+    made: list[SharedStore] = []
     tasks = Tasks()
 
-    async def build(**fields: Any) -> RedisStore:
-        store = RedisStore.from_config(RedisConfig(**fields), spawn=tasks.spawn, on_state=None)
+    async def build(**fields: Any) -> SharedStore:
+        store = SharedStore.from_config(RedisConfig(**fields), spawn=tasks.spawn, on_state=None)
         made.append(store)
         await store.start()
         return store
@@ -41,10 +41,10 @@ async def make() -> AsyncIterator[Make]:
         await store.close()
 
 
-async def exercise(store: RedisStore, keys: tuple[str, ...] = ("k",)) -> None:
+async def exercise(store: SharedStore, keys: tuple[str, ...] = ("k",)) -> None:
     """What a gateway does with its store, checked: every key's limit exact under a burst,
     a paced domain booked, the heartbeat, a live limit seen by the next read."""
-    assert store.state() == "shared", store.describe()
+    assert store.engine.state() == "shared", store.describe()
     for key in keys:
         burst = await asyncio.gather(*(store.reserve(key, LIMITS, 10) for _ in range(30)))
         assert sum(d.allowed for d in burst) == 20, key
@@ -55,8 +55,8 @@ async def exercise(store: RedisStore, keys: tuple[str, ...] = ("k",)) -> None:
     waits = await asyncio.gather(*(pacer.reserve(1, 0) for _ in range(12)))
     assert waits[0] == 0 and max(waits) > 0  # spaced by the shared pace
     await store.housekeeping()  # the heartbeat
-    assert store.fallback.replicas >= 1 and store.replica_id in await store.replicas()
-    assert store.state() == "shared", store.describe()
+    assert store.fallback.replicas >= 1 and store.engine.replica_id in await store.replicas()
+    assert store.engine.state() == "shared", store.describe()
 
 
 async def test_one_server_with_a_password_kept_out_of_the_url(make: Make, tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ async def test_one_server_with_a_password_kept_out_of_the_url(make: Make, tmp_pa
         plain = f"redis://127.0.0.1:{s.port}/0"
         await exercise(await make(url=plain, password="s3cret-pass"))
         wrong = await make(url=plain, password="not-it")
-        assert wrong.state() == "degraded"  # refused (WRONGPASS): an outage, never a 500
+        assert wrong.engine.state() == "degraded"  # refused (WRONGPASS): an outage, never a 500
         assert "not-it" not in str(wrong.describe())
     finally:
         s.kill()
@@ -80,12 +80,12 @@ async def test_tls_with_a_ca_and_a_client_certificate(make: Make, tmp_path: Path
         fresh = await make(url=s.url, **tls, **mine)
         # A burst right after start, on fresh TLS connections: it used to trip fail open.
         burst = await asyncio.gather(*(fresh.reserve("b", LIMITS, 1) for _ in range(500)))
-        assert sum(d.allowed for d in burst) == 20 and fresh.state() == "shared"
+        assert sum(d.allowed for d in burst) == 20 and fresh.engine.state() == "shared"
         await exercise(fresh)
         no_client_cert = await make(url=s.url, **tls)
-        assert no_client_cert.state() == "degraded"  # the server demands one
+        assert no_client_cert.engine.state() == "degraded"  # the server demands one
         untrusted = await make(url=s.url, **mine)  # the system CAs do not know this server
-        assert untrusted.state() == "degraded"
+        assert untrusted.engine.state() == "degraded"
     finally:
         s.kill()
 
@@ -112,7 +112,7 @@ async def test_sentinel_follows_the_master_through_a_failover(make: Make, tmp_pa
         for _ in range(50):
             await store.reserve("after", LIMITS, 1)
             await store.housekeeping()
-            if store.state() == "shared":
+            if store.engine.state() == "shared":
                 break
             await asyncio.sleep(0.1)
         await exercise(store, keys=("after-failover",))

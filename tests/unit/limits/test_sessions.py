@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.billing.budgets import Budget
+from app.billing.budget_rules import Budget
 from app.billing.periods import Calendar
 from app.errors import SessionBudgetExceeded
+from app.kinds import BudgetMetric, BudgetPeriod, BudgetScope
 from app.limits.sessions import NONE, OTHER, SessionBook, clean, raw_session, session_refusal
 
 DAY = 86_400.0
@@ -62,7 +63,7 @@ def test_an_attacker_inventing_ids_grows_nothing_past_the_bound() -> None:
 
 def test_spend_adds_up_per_session_and_the_cap_refuses_only_that_session() -> None:
     b, clock = book()
-    cap = (Budget("key", "k", "day", "tokens", 1000),)
+    cap = (Budget(BudgetScope.KEY, "k", BudgetPeriod.DAY, BudgetMetric.TOKENS, 1000),)
     for _ in range(3):
         b.add("k", "loop", 400, 10, b.periods_now(cap))
     b.add("k", "calm", 100, 1, b.periods_now(cap))
@@ -75,13 +76,15 @@ def test_spend_adds_up_per_session_and_the_cap_refuses_only_that_session() -> No
     clock.now += DAY  # the next day: the session may go on
     assert b.over("k", "loop", cap) is None
     b.add("k", "calm", 1, 0, b.periods_now(cap))  # a new day forgets the old one's spend
-    yesterday = Calendar("UTC").window("day", clock.now - DAY).id
+    yesterday = Calendar("UTC").window(BudgetPeriod.DAY, clock.now - DAY).id
     assert all(period != yesterday for (_, _, period) in b._spent)
 
 
 def test_the_refusal_says_what_was_spent_of_what_and_when_it_resets() -> None:
     b, _ = book()
-    cap = (Budget("key", "ci", "day", "cost", 2_000_000_000),)  # 2 USD
+    cap = (
+        Budget(BudgetScope.KEY, "ci", BudgetPeriod.DAY, BudgetMetric.COST, 2_000_000_000),
+    )  # 2 USD
     b.add("ci", "sess-1", 10, 2_500_000_000, b.periods_now(cap))
     over = b.over("ci", "sess-1", cap)
     assert over is not None

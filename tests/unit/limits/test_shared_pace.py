@@ -12,7 +12,7 @@ from app.limits.shared_pace import RedisPacer
 
 
 class Scripts:
-    """A stand-in for `RedisStore.pace`: canned replies, or None (Redis down)."""
+    """A stand-in for `PaceBookings.pace`: canned replies, or None (Redis down)."""
 
     def __init__(self, reply: list[Any] | None, replicas: int = 1) -> None:
         self.reply = reply

@@ -9,9 +9,10 @@ from typing import Any
 
 from app.config.schema import RedisConfig
 from app.limits.bucket import Limits
-from app.limits.redis_conn import connect
-from app.limits.redis_store import RedisStore
-from app.limits.store import MemoryStore
+from app.limits.limit_store import MemoryStore
+from app.limits.shared_store import SharedStore
+from app.state.link import connect
+from app.state.redis_engine import RedisEngine
 from tests.support.procs import redis_server
 
 
@@ -29,7 +30,7 @@ async def test_a_memory_store_is_local_and_always_admits() -> None:
 def test_a_redis_store_is_shared_and_refuses_only_when_down_in_closed_mode() -> None:
     for mode, down_refuses in (("open", False), ("closed", True)):
         link = connect(RedisConfig(url="redis://127.0.0.1:1/0"))  # never connected here
-        store = RedisStore(link, spawn=lambda coro: coro.close(), fail_mode=mode)
+        store = SharedStore(RedisEngine(link, spawn=lambda coro: coro.close(), fail_mode=mode))
         assert store.shared and not store.refusing()
         assert store.health()["redis"] == {
             "up": True,
@@ -38,7 +39,7 @@ def test_a_redis_store_is_shared_and_refuses_only_when_down_in_closed_mode() -> 
             "replicas": 0,
             "divisor": 1,
         }
-        store.up = False
+        store.engine.up = False
         health = store.health()["redis"]
         assert isinstance(health, dict)
         assert health["state"] == ("refusing" if down_refuses else "degraded")
@@ -61,8 +62,8 @@ async def test_redis_replicas_announce_themselves_and_leave_on_close() -> None:
 
     with redis_server() as server:
         cfg = RedisConfig(url=server.url)
-        a = RedisStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-a:1")
-        b = RedisStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-b:2")
+        a = SharedStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-a:1")
+        b = SharedStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-b:2")
         await a.start()  # the first heartbeat is part of starting
         await b.start()
         try:
@@ -74,7 +75,7 @@ async def test_redis_replicas_announce_themselves_and_leave_on_close() -> None:
         finally:
             await b.close()
         assert set(await a.replicas()) == {"host-a:1"}  # a clean stop leaves at once
-        a.up = False  # fail open: its own share of the buckets decides now, shown as such
+        a.engine.up = False  # fail open: its own share of the buckets decides now, shown as such
         assert a.peek("k", Limits(10, 100)) is None  # not used since
         await a.reserve("k", Limits(10, 100), 30)
         assert a.peek("k", Limits(10, 100)) == (9, 70)

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from app.config.schema import Settings
-from app.limits.redis_store import RedisState
 from app.metrics import Metrics, new_registry
+from app.state.redis_engine import RedisState
 
 ROOT = Path(__file__).resolve().parents[3]
 PROM = ROOT / "deploy" / "prometheus"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from app.billing.periods import Calendar
-from app.billing.report import build
+from app.billing.usage_report import build
 
 SHANGHAI = Calendar("Asia/Shanghai")
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from app.billing.budgets import Amount, SpendKey
+from app.billing.budget_rules import Amount, SpendKey
 from app.billing.periods import Calendar
 from app.config.schema import LedgerConfig
 from app.db.engine import DatabaseUnavailable

@@ -7,10 +7,11 @@ the shared store hands it to Redis with the key's next reservation or within a f
 milliseconds). Keeping both behind this small interface lets admission logic, tests
 and the Redis store share one contract.
 The usage ledger is not a store's business: it is durable in SQL whatever the store
-(`app/limits/ledger.py`, owned by the gateway).
+(`app/billing/ledger.py`, owned by the gateway).
 
-What differs between a store of one process and one shared by every replica is behind
-the interface too, so the gateway never asks which store it holds: `shared`, the
+What differs between a store of one process (`MemoryStore`) and one shared by every
+replica (`app/limits/shared_store.py`, over the engine in `app/state/`) is behind the
+interface too, so the gateway never asks which store it holds: `shared`, the
 once-a-second `housekeeping`, the store's part of `/health/ready` (`health`,
 `refusing`) and where keys' `max_concurrent` slots are counted (`key_slots`).
 """

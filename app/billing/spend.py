@@ -42,16 +42,17 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.billing.budgets import ZERO, Amount, Ask, Budget, Over, SpendKey, Tally
-from app.billing.periods import Calendar, Period, Window
+from app.billing.books import BudgetOverride, SpendBook
+from app.billing.budget_rules import ZERO, Amount, Ask, Budget, Over, SpendKey, SpendSheet
+from app.billing.ledger import Ledger
+from app.billing.periods import Calendar, Span
 from app.billing.prices import render
-from app.db.budgets import BudgetOverride, SpendBook
+from app.billing.shared_spend import SharedSpend
+from app.config.schema import Settings
 from app.errors import BudgetExceeded, ModelNotPriced
-from app.limits.ledger import Ledger
-from app.limits.shared_spend import SharedSpend
-from app.runtime import KeySpec, Runtime
+from app.kinds import BudgetPeriod
 
-Slot = tuple[str, str, Period]  # (scope, owner, period)
+OwnerPeriod = tuple[str, str, BudgetPeriod]  # (scope, owner, period)
 # An answer waits at most this long for its hold's settle in Redis (one or two calls of
 # `redis.timeout_ms` each): a safety net, never reached while Redis answers or fails.
 RELEASE_WAIT_SEC = 2.0
@@ -69,7 +70,7 @@ class SpendMetrics(Protocol):
 class Hold:
     """One admitted request's reservation."""
 
-    slots: tuple[Slot, ...]
+    slots: tuple[OwnerPeriod, ...]
     keys: tuple[SpendKey, ...]  # the slots' spend keys when it was made
     need: Amount
     shared: str | None = None  # its id, when held in Redis
@@ -86,7 +87,7 @@ class OwnerView:
     scope: str
     name: str
     team: str | None
-    spend: dict[Period, tuple[Window, Amount]]
+    spend: dict[BudgetPeriod, tuple[Span, Amount]]
     budgets: list[BudgetState]
 
 
@@ -97,7 +98,7 @@ class BudgetState:
     budget: Budget
     configured: int | None  # the limit in the settings (None: set by an override only)
     override: BudgetOverride | None
-    window: Window
+    window: Span
     spent: int
     reserved: int
 
@@ -106,10 +107,47 @@ class BudgetState:
         return self.spent / self.budget.limit if self.budget.limit else 1.0
 
 
+class BudgetedKey(Protocol):
+    """What the gate reads of a key (`app.runtime.KeySpec`)."""
+
+    @property
+    def alias(self) -> str: ...
+
+    @property
+    def team(self) -> str | None: ...
+
+    @property
+    def budgets(self) -> tuple[Budget, ...]: ...
+
+
+class BudgetedTeam(Protocol):
+    """What the gate reads of a team (`app.runtime.TeamSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def budgets(self) -> tuple[Budget, ...]: ...
+
+
+class Budgeted(Protocol):
+    """What the gate reads of the compiled configuration (`app.runtime.Runtime`, a
+    floor above billing)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def keys(self) -> Sequence[BudgetedKey]: ...
+
+    @property
+    def teams(self) -> Sequence[BudgetedTeam]: ...
+
+
 class SpendGate:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Budgeted,
         calendar: Calendar,
         *,
         metrics: SpendMetrics | None = None,
@@ -120,29 +158,29 @@ class SpendGate:
         self.spawn = spawn  # runs the Redis part of a settle (it must outlive a request)
         self.metrics = metrics
         self.clock = clock
-        self.tally = Tally()
+        self.tally = SpendSheet()
         self.shared: SharedSpend | None = None  # set by the gateway when Redis is configured
         self._running: dict[str, Hold] = {}  # held in Redis, renewed until settled
         self.refused: set[tuple[str, str, str]] = set()  # (scope, owner, budget) that refused
-        self._windows: dict[Period, Window] = {}
+        self._windows: dict[BudgetPeriod, Span] = {}
         self._since = self._until = 0.0  # when the current windows all hold
         self._gen = 0  # counts the windows' changes
         self._both: dict[str, tuple[Sequence[Budget], Sequence[Budget], Sequence[Budget]]] = {}
         # per key alias: (gen, budgets, slots, spend keys) of its last request
         self._plans: dict[
-            str, tuple[int, Sequence[Budget], tuple[Slot, ...], tuple[SpendKey, ...]]
+            str, tuple[int, Sequence[Budget], tuple[OwnerPeriod, ...], tuple[SpendKey, ...]]
         ] = {}
         self._overrides: dict[tuple[str, str], list[BudgetOverride]] = {}
         self.configure(runtime)
 
-    def configure(self, runtime: Runtime) -> None:
+    def configure(self, runtime: Budgeted) -> None:
         """Budgets and currency from `runtime` (at start and on reload)."""
         self.currency = runtime.settings.billing.currency
         self.teams = {t.name: t.budgets for t in runtime.teams}
         self.keys = {k.alias: k for k in runtime.keys}
 
     # -- admission ------------------------------------------------------------------------
-    async def reserve(self, key: KeySpec, ask: Ask | Amount, *, priced: bool) -> Hold | None:
+    async def reserve(self, key: BudgetedKey, ask: Ask | Amount, *, priced: bool) -> Hold | None:
         """Hold `ask` against every budget of `key` and its team; None when it has none.
         Raises `BudgetExceeded` (no room) or `ModelNotPriced` (cost unknowable)."""
         now = self.clock()
@@ -171,15 +209,15 @@ class SpendGate:
         self.tally.reserve(keys, need)
         return Hold(slots, keys, need, gen=self._gen, cap=cap)
 
-    def costs(self, key: KeySpec, now: float | None = None) -> bool:
+    def costs(self, key: BudgetedKey, now: float | None = None) -> bool:
         """The key or its team has a cost budget (an unpriced model's spend would escape
         it: such a model is refused, and skipped as a fallback)."""
         now = self.clock() if now is None else now
         return any(b.metric == "cost" for b in self.budgets_of(key, now))
 
     def _slots(
-        self, alias: str, budgets: Sequence[Budget], windows: dict[Period, Window]
-    ) -> tuple[tuple[Slot, ...], tuple[SpendKey, ...]]:
+        self, alias: str, budgets: Sequence[Budget], windows: dict[BudgetPeriod, Span]
+    ) -> tuple[tuple[OwnerPeriod, ...], tuple[SpendKey, ...]]:
         """The (scope, owner, period) a request holds in, and their spend keys now; kept
         per key while the periods and the budgets stand (the request path's cost)."""
         plan = self._plans.get(alias)
@@ -193,8 +231,8 @@ class SpendGate:
     async def _shared(
         self,
         budgets: Sequence[Budget],
-        windows: dict[Period, Window],
-        slots: tuple[Slot, ...],
+        windows: dict[BudgetPeriod, Span],
+        slots: tuple[OwnerPeriod, ...],
         keys: tuple[SpendKey, ...],
         ask: Ask,
         now: float,
@@ -237,7 +275,7 @@ class SpendGate:
         hold: Hold,
         current: tuple[SpendKey, ...],
         actual: Amount,
-        windows: dict[Period, Window],
+        windows: dict[BudgetPeriod, Span],
     ) -> None:
         assert self.shared is not None and hold.shared is not None
         now, durable = self.clock(), self.tally.durable
@@ -300,7 +338,7 @@ class SpendGate:
         return f"{value:,} tokens"
 
     # -- budgets and periods ----------------------------------------------------------------
-    def budgets_of(self, key: KeySpec, now: float) -> Sequence[Budget]:
+    def budgets_of(self, key: BudgetedKey, now: float) -> Sequence[Budget]:
         """The key's budgets and its team's, live overrides applied."""
         team = () if key.team is None else self.teams.get(key.team, ())
         if not self._overrides:  # the usual case: nothing built per request
@@ -331,7 +369,7 @@ class SpendGate:
         out += [Budget(scope, owner, p, m, o.limit) for (p, m), o in live.items()]  # type: ignore[arg-type]
         return out
 
-    def windows(self, now: float) -> dict[Period, Window]:
+    def windows(self, now: float) -> dict[BudgetPeriod, Span]:
         """The current period of each kind (recomputed only when one ends)."""
         if not self._since <= now < self._until:
             found = self.calendar.windows(now)

@@ -6,10 +6,11 @@
     RedisLink.run([Call, ...]) -> [result | exception, ...]    one pipeline, one round trip
                                                               per node
 
-Scripts are called by SHA (`EVALSHA`); a Redis that lost its script cache (a restart, a
-promoted replica, a new cluster primary) answers NOSCRIPT, and the scripts are loaded
-again and those calls repeated, once. Every script's keys share one hash tag, so in a
-Cluster each call lands on one node and no call is ever cross-slot.
+Scripts are called by SHA (`EVALSHA`); a Redis that lacks one (never loaded, or its
+script cache lost in a restart, a promoted replica, a new cluster primary) answers
+NOSCRIPT, and the scripts known so far are loaded and those calls repeated, once. Every
+script's keys share one hash tag, so in a Cluster each call lands on one node and no call
+is ever cross-slot.
 
 `classify` turns whatever a call raised into what it means for the store: a
 configuration error (MOVED / ASK / CROSSSLOT: a cluster reached as a single server, or
@@ -21,7 +22,6 @@ Messages built here never carry a password; `RedisTarget.where()` is what may be
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,13 +37,12 @@ from redis.backoff import NoBackoff
 
 from app.config.redis_target import RedisTarget
 from app.config.schema import RedisConfig
-from app.limits import lua
+from app.state.scripts import Script
 
 log = logging.getLogger("tokengate.redis")
-SCRIPTS = ("token_bucket.lua", "pace.lua", "replicas.lua", "budget.lua", "lease.lua")
 
 
-class Failure(Enum):
+class RedisFault(Enum):
     CONFIG = "misconfigured"  # never fixes itself: reported once, served by the fail mode
     DOWN = "down"  # unreachable now: the fail mode until it answers again
     SLOW = "slow"  # a timeout: may be this process lagging; several in a row are an outage
@@ -65,14 +64,14 @@ _DOWN = (
 )
 
 
-def classify(exc: BaseException) -> Failure:
+def classify(exc: BaseException) -> RedisFault:
     if isinstance(exc, _CONFIG) or _cross_slot(exc):
-        return Failure.CONFIG
+        return RedisFault.CONFIG
     if isinstance(exc, rx.TimeoutError | TimeoutError):
-        return Failure.SLOW
+        return RedisFault.SLOW
     if isinstance(exc, _DOWN):
-        return Failure.DOWN
-    return Failure.BUG
+        return RedisFault.DOWN
+    return RedisFault.BUG
 
 
 def _cross_slot(exc: BaseException) -> bool:
@@ -88,16 +87,24 @@ def describe(exc: BaseException) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One command of a pipeline: a script by name, or a plain command (`script=None`)."""
+    """One command of a pipeline: a script, or a plain command (`script=None`)."""
 
-    script: str | None
+    script: Script | None
     keys: tuple[str, ...]
     args: tuple[Any, ...]
 
-    def command(self, shas: dict[str, str]) -> tuple[Any, ...]:
+    def command(self, shas: Shas) -> tuple[Any, ...]:
         if self.script is None:
             return self.args
         return ("EVALSHA", shas[self.script], len(self.keys), *self.keys, *self.args)
+
+
+class Shas(dict[Script, str]):
+    """Each script's SHA, computed the first time a call names it."""
+
+    def __missing__(self, script: Script) -> str:
+        sha = self[script] = script.sha()
+        return sha
 
 
 class RedisLink:
@@ -108,16 +115,17 @@ class RedisLink:
         self.target = target
         self._others = others  # clients to close with it (the Sentinels)
         self.cluster = isinstance(client, RedisCluster)
-        self._sources = {name: lua.script(name) for name in SCRIPTS}
-        self.shas = {
-            name: hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
-            for name, text in self._sources.items()
-        }
+        self.shas = Shas()
+
+    def know(self, *scripts: Script) -> None:
+        """Scripts to load at `start` (so no first call of theirs meets NOSCRIPT)."""
+        for script in scripts:
+            _ = self.shas[script]
 
     async def start(self, warm: int = 2) -> None:
         """Connect (opening `warm` connections, so the first burst finds them ready and
         no request waits on a TLS handshake), refuse a cluster reached as a single
-        server, load the scripts. Raises what redis-py raised."""
+        server, load the scripts known so far. Raises what redis-py raised."""
         if self.cluster:
             await self.client.initialize()
         else:
@@ -128,8 +136,8 @@ class RedisLink:
         await self.load_scripts()
 
     async def load_scripts(self) -> None:
-        for text in self._sources.values():
-            await self.client.script_load(text)  # Cluster: on every primary
+        for script in list(self.shas):
+            await self.client.script_load(script.source())  # Cluster: on every primary
 
     async def run(self, calls: Sequence[Call]) -> list[Any]:
         """Every call in one round trip (per node), results in order. A call's own error

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import random
 
-from app.billing.budgets import ZERO, Amount, Ask, Budget, Over, Tally, fit
+from app.billing.budget_rules import ZERO, Amount, Ask, Budget, Over, SpendSheet, fit
 from app.billing.periods import Calendar
+from app.kinds import BudgetMetric, BudgetPeriod, BudgetScope
 
 CAL = Calendar("UTC")
 WINDOWS = {w.period: w for w in CAL.windows(1_800_000_000)}
-DAY = WINDOWS["day"].id
-COST = Budget("key", "alice", "day", "cost", 1000)
-TOKENS = Budget("team", "ml", "month", "tokens", 50)
+DAY = WINDOWS[BudgetPeriod.DAY].id
+COST = Budget(BudgetScope.KEY, "alice", BudgetPeriod.DAY, BudgetMetric.COST, 1000)
+TOKENS = Budget(BudgetScope.TEAM, "ml", BudgetPeriod.MONTH, BudgetMetric.TOKENS, 50)
 
 
 def test_a_request_is_held_only_when_every_budget_has_room_for_it() -> None:
-    t = Tally()
+    t = SpendSheet()
     assert t.check([COST, TOKENS], WINDOWS, Amount(600, 30)) is None
-    keys = [("key", "alice", DAY), ("team", "ml", WINDOWS["month"].id)]
+    keys = [("key", "alice", DAY), ("team", "ml", WINDOWS[BudgetPeriod.MONTH].id)]
     t.reserve(keys, Amount(600, 30))
     over = t.check([COST, TOKENS], WINDOWS, Amount(300, 30))  # cost fits, tokens do not
     assert over is not None and over.budget == TOKENS
@@ -25,7 +26,7 @@ def test_a_request_is_held_only_when_every_budget_has_room_for_it() -> None:
 
 
 def test_settling_replaces_the_estimate_with_what_was_consumed() -> None:
-    t = Tally()
+    t = SpendSheet()
     key = ("key", "alice", DAY)
     t.reserve([key], Amount(600, 0))
     t.release([key], Amount(600, 0))
@@ -36,7 +37,7 @@ def test_settling_replaces_the_estimate_with_what_was_consumed() -> None:
 
 
 def test_a_refresh_takes_the_durable_spend_and_forgets_what_it_already_holds() -> None:
-    t = Tally()
+    t = SpendSheet()
     key = ("key", "alice", DAY)
     t.settle([key], Amount(100, 5))  # settled here, not flushed yet
     t.reserve([key], Amount(40, 1))
@@ -48,9 +49,9 @@ def test_a_refresh_takes_the_durable_spend_and_forgets_what_it_already_holds() -
 
 def test_concurrent_reservations_never_pass_the_limit_by_more_than_their_estimate_errors() -> None:
     rng = random.Random(24)
-    budget = Budget("key", "alice", "day", "cost", 10_000)
+    budget = Budget(BudgetScope.KEY, "alice", BudgetPeriod.DAY, BudgetMetric.COST, 10_000)
     key = [("key", "alice", DAY)]
-    t, estimate = Tally(), Amount(400, 0)
+    t, estimate = SpendSheet(), Amount(400, 0)
     inflight: list[int] = []
     error = 0
     for _ in range(60):  # 60 arrive together, then all answer
@@ -66,8 +67,8 @@ def test_concurrent_reservations_never_pass_the_limit_by_more_than_their_estimat
 
 
 def test_a_request_holds_its_whole_allowance_or_is_refused_by_default() -> None:
-    t, key = Tally(), [("key", "alice", DAY)]
-    budget = Budget("key", "alice", "day", "tokens", 1000)
+    t, key = SpendSheet(), [("key", "alice", DAY)]
+    budget = Budget(BudgetScope.KEY, "alice", BudgetPeriod.DAY, BudgetMetric.TOKENS, 1000)
     ask = Ask(Amount(0, 10), Amount(0, 1), 400)  # a 10-token prompt, up to 400 out
     assert t.fit([budget], WINDOWS, ask) == 400
     t.reserve(key, ask.need(400))
@@ -77,9 +78,13 @@ def test_a_request_holds_its_whole_allowance_or_is_refused_by_default() -> None:
 
 
 def test_a_budget_that_caps_lowers_the_output_cap_to_what_is_left() -> None:
-    t, key = Tally(), [("key", "alice", DAY)]
-    capped = Budget("key", "alice", "day", "tokens", 1000, on_short="cap")
-    money = Budget("key", "alice", "day", "cost", 10**6, on_short="cap")
+    t, key = SpendSheet(), [("key", "alice", DAY)]
+    capped = Budget(
+        BudgetScope.KEY, "alice", BudgetPeriod.DAY, BudgetMetric.TOKENS, 1000, on_short="cap"
+    )
+    money = Budget(
+        BudgetScope.KEY, "alice", BudgetPeriod.DAY, BudgetMetric.COST, 10**6, on_short="cap"
+    )
     ask = Ask(Amount(50, 10), Amount(1000, 2), 400)  # two choices: 2 tokens a step
     assert t.fit([capped, money], WINDOWS, ask) == 400
     t.reserve(key, ask.need(400))  # 810 tokens, 400,050 nano-units
@@ -88,10 +93,20 @@ def test_a_budget_that_caps_lowers_the_output_cap_to_what_is_left() -> None:
     over = t.fit([capped, money], WINDOWS, ask)  # not one token of output is left
     assert isinstance(over, Over) and over.budget == capped
     # a budget that refuses must hold the request at the cap the others gave it
-    refusing = Budget("team", "ml", "day", "tokens", 100)
+    refusing = Budget(BudgetScope.TEAM, "ml", BudgetPeriod.DAY, BudgetMetric.TOKENS, 100)
     assert isinstance(t.fit([refusing], WINDOWS, ask), Over)
-    fresh = Tally()
-    assert fresh.fit([Budget("key", "a", "day", "tokens", 60, "cap"), refusing], WINDOWS, ask) == 25
+    fresh = SpendSheet()
+    assert (
+        fresh.fit(
+            [
+                Budget(BudgetScope.KEY, "a", BudgetPeriod.DAY, BudgetMetric.TOKENS, 60, "cap"),
+                refusing,
+            ],
+            WINDOWS,
+            ask,
+        )
+        == 25
+    )
 
 
 def test_fit_is_exact_at_the_edge_for_any_room() -> None:

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from app.billing.budgets import Amount
+from app.billing.books import BudgetOverride, SpendBook
+from app.billing.budget_rules import Amount
+from app.billing.ledger import Ledger, UsageEntry
 from app.billing.periods import Calendar
+from app.billing.spend import SpendGate
 from app.config.schema import LedgerConfig
-from app.db.budgets import BudgetOverride, SpendBook
 from app.db.engine import Database
 from app.db.usage import UsageBook
 from app.errors import BudgetExceeded, ModelNotPriced
-from app.limits.ledger import Ledger, UsageEntry
-from app.limits.spend import SpendGate
 from app.runtime import KeySpec, Runtime, compile_runtime
 from tests.support.clock import FakeClock
 from tests.support.inproc import local_settings

@@ -7,7 +7,7 @@
 -- The epoch is set once by whichever process comes first and lives as long as Redis' data:
 -- a process that finds another one than it saw before knows Redis lost its state (a
 -- restart without persistence), which changes what it charges for an outage.
--- REPLICA_WINDOW_MS comes from app/limits/constants.py (app/limits/lua.py writes it here)
+-- REPLICA_WINDOW_MS comes from app/state/redis_engine.py (app/state/scripts.py writes it here)
 -- @constants
 
 local t = redis.call('TIME')

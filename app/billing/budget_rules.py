@@ -10,7 +10,7 @@ reservation to what was consumed. Where less is left than the allowance, a budge
 with `"refuse"` refuses (`fit`). So the spend of a period can pass its limit only by what
 the gateway cannot cap: its prompt estimate's error and failed attempts' prompts.
 
-The `Tally` is one process's view, per (scope, owner, period id):
+The `SpendSheet` is one process's view, per (scope, owner, period id):
 
     used = base      the durable spend table plus this process's unflushed ledger rows,
                      as of the last `refresh` (every replica's settled spend, < 2 s old)
@@ -26,13 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-from app.billing.periods import Period, Window
+from app.billing.periods import Span
 from app.config.section import OnShort
+from app.kinds import BudgetMetric, BudgetPeriod, BudgetScope
 
-Metric = Literal["cost", "tokens"]
-Scope = Literal["key", "team"]
 SpendKey = tuple[str, str, str]  # (scope, owner, period id)
 _INDEX = {"cost": 0, "tokens": 1}
 
@@ -41,7 +40,7 @@ class Amount(NamedTuple):
     cost: int  # nano-units
     tokens: int
 
-    def of(self, metric: Metric) -> int:
+    def of(self, metric: BudgetMetric) -> int:
         return self.cost if metric == "cost" else self.tokens
 
 
@@ -80,10 +79,10 @@ def fit(ask: Ask, rooms: Sequence[tuple[int, int, bool]]) -> int:
 
 @dataclass(frozen=True)
 class Budget:
-    scope: Scope
+    scope: BudgetScope
     owner: str
-    period: Period
-    metric: Metric
+    period: BudgetPeriod
+    metric: BudgetMetric
     limit: int  # nano-units for cost, tokens for tokens
     on_short: OnShort = "refuse"  # less left than a request's allowance: refuse or cap it
 
@@ -97,7 +96,7 @@ class Over(NamedTuple):
     """Why a request was refused: the budget, its period, and the figures."""
 
     budget: Budget
-    window: Window
+    window: Span
     spent: int  # settled in this period
     reserved: int  # held by requests in flight
     need: int  # this request's estimate
@@ -107,7 +106,7 @@ class Over(NamedTuple):
         return self.budget.limit
 
 
-class Tally:
+class SpendSheet:
     def __init__(self) -> None:
         self.durable: dict[SpendKey, Amount] = {}  # the spend table, as last read
         self.base: dict[SpendKey, Amount] = {}
@@ -126,18 +125,18 @@ class Tally:
         return ZERO if held is None else Amount(held[0], held[1])
 
     def check(
-        self, budgets: Iterable[Budget], windows: Mapping[Period, Window], need: Amount
+        self, budgets: Iterable[Budget], windows: Mapping[BudgetPeriod, Span], need: Amount
     ) -> Over | None:
         """The first budget `need` does not fit in, or None when all have room."""
         found = self.fit(budgets, windows, Ask(need))
         return found if isinstance(found, Over) else None
 
     def fit(
-        self, budgets: Iterable[Budget], windows: Mapping[Period, Window], ask: Ask
+        self, budgets: Iterable[Budget], windows: Mapping[BudgetPeriod, Span], ask: Ask
     ) -> Over | int:
         """The output cap `ask` gets (`fit`), or the budget that refuses it."""
         base, since, reserved = self.base, self.since, self.reserved
-        rows: list[tuple[Budget, Window, int, int]] = []
+        rows: list[tuple[Budget, Span, int, int]] = []
         rooms: list[tuple[int, int, bool]] = []
         for budget in budgets:
             window = windows[budget.period]

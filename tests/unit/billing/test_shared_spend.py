@@ -13,12 +13,13 @@ from typing import Any, cast
 import pytest
 import redis.asyncio as aioredis
 
-from app.billing.budgets import Amount, Ask
+from app.billing import shared_spend
+from app.billing.budget_rules import Amount, Ask
 from app.billing.periods import Calendar
+from app.billing.shared_spend import SharedSpend
+from app.billing.spend import Hold, SpendGate
 from app.errors import BudgetExceeded
-from app.limits import lua, shared_spend
-from app.limits.shared_spend import SharedSpend
-from app.limits.spend import Hold, SpendGate
+from app.kinds import BudgetPeriod
 from app.runtime import Runtime, compile_runtime
 from tests.support.inproc import local_settings
 from tests.support.procs import redis_server
@@ -49,7 +50,7 @@ class Link:
     """The script on a real Redis, or no answer while `up` is False."""
 
     def __init__(self, client: aioredis.Redis) -> None:
-        self.code = client.register_script(lua.script("budget.lua"))
+        self.code = client.register_script(shared_spend.BUDGET.source())
         self.up = True
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -65,7 +66,7 @@ def gate(rt: Runtime, link: Link, replica: str) -> SpendGate:
 
 
 def month(g: SpendGate) -> tuple[str, str, str]:
-    return ("team", "t", g.windows(time.time())["month"].id)
+    return ("team", "t", g.windows(time.time())[BudgetPeriod.MONTH].id)
 
 
 async def settle_all(g: SpendGate, holds: list[Hold], actual: Amount) -> None:
@@ -205,7 +206,7 @@ async def test_budgets_that_cap_lower_the_hold_in_every_scope(
     assert second is not None and second.cap == 180 and second.need == Amount(0, 190)
     with pytest.raises(BudgetExceeded, match="month tokens budget of team 't'"):
         await g.reserve(key, ask, priced=True)
-    day = g.windows(time.time())["day"].id
+    day = g.windows(time.time())[BudgetPeriod.DAY].id
     mine = await client.hgetall(f"tg:budget:{{key:a}}:{day}")
     team = await client.hgetall(f"tg:budget:{{team:t}}:{month(g)[2]}")
     # the key's hold shrank with the team's, and the refused one gave its hold back

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from app.billing.ledger import Ledger, UsageEntry
 from app.config.schema import DatabaseConfig, LedgerConfig
 from app.db import migrate
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.tables import COUNTERS
 from app.db.usage import BucketKey, UsageBook, UsageQuery
-from app.limits.ledger import Ledger, UsageEntry
 from tests.support.clock import FakeClock
 
 T0 = 1_750_000_040.0  # 40 s into a minute, 440 s into an hour

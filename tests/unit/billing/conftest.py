@@ -1,4 +1,4 @@
-"""Fixtures of the limits tests: a migrated database on SQLite and on PostgreSQL."""
+"""Fixtures of the billing tests: a migrated database on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 

@@ -24,15 +24,18 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from app.billing.budgets import ZERO, Amount, Ask, Budget, Metric, Over, SpendKey
-from app.billing.periods import Period, Window
+from app.billing.budget_rules import ZERO, Amount, Ask, Budget, Over, SpendKey
+from app.billing.periods import Span
+from app.kinds import BudgetMetric, BudgetPeriod
+from app.state.scripts import Script
 
+BUDGET = Script.of("app.billing", "budget.lua")
 HOLD_MS = 15_000  # a hold lapses unless renewed; renewed every second while its request runs
 GRACE_MS = 86_400_000  # a period's keys outlive its end by a day
 TOTAL_TTL_MS = 35 * 86_400_000  # `total` never ends: kept while used, rebuilt if not
 # (keys, args) -> the script's answer, or None when Redis did not answer
 Run = Callable[[Sequence[str], Sequence[object]], Awaitable[Any | None]]
-Scope = tuple[str, str]  # (scope, owner)
+ScopeOwner = tuple[str, str]  # (scope, owner)
 
 
 class SharedSpend:
@@ -63,7 +66,7 @@ class SharedSpend:
     async def reserve(
         self,
         budgets: Sequence[Budget],
-        windows: Mapping[Period, Window],
+        windows: Mapping[BudgetPeriod, Span],
         ask: Ask,
         durable: Mapping[SpendKey, Amount],
         hold_id: str,
@@ -118,7 +121,7 @@ class SharedSpend:
         actual: Amount,
         hold_id: str,
         durable: Mapping[SpendKey, Amount],
-        windows: Mapping[Period, Window],
+        windows: Mapping[BudgetPeriod, Span],
         now: float,
     ) -> bool:
         """Of one scope: release the hold from the periods it was made in, add `actual`
@@ -136,7 +139,7 @@ class SharedSpend:
 
     async def renew(self, holds: Mapping[SpendKey, Sequence[str]]) -> None:
         """Push back the lapse of these holds (members per spend key), one call per scope."""
-        by_scope: dict[Scope, list[SpendKey]] = {}
+        by_scope: dict[ScopeOwner, list[SpendKey]] = {}
         for spend in holds:
             by_scope.setdefault((spend[0], spend[1]), []).append(spend)
         for spends in by_scope.values():
@@ -146,16 +149,16 @@ class SharedSpend:
             await self.run(self.keys(spends), args)
 
 
-def _by_scope(budgets: Sequence[Budget]) -> list[tuple[Scope, list[Budget]]]:
-    out: dict[Scope, list[Budget]] = {}
+def _by_scope(budgets: Sequence[Budget]) -> list[tuple[ScopeOwner, list[Budget]]]:
+    out: dict[ScopeOwner, list[Budget]] = {}
     for b in budgets:
         out.setdefault((b.scope, b.owner), []).append(b)
     return list(out.items())
 
 
-def _limits(of: Mapping[Metric, Budget]) -> list[int]:
+def _limits(of: Mapping[BudgetMetric, Budget]) -> list[int]:
     """budget.lua's limit_c, limit_t, cap_c, cap_t of one period (limit -1: none)."""
-    c, t = of.get("cost"), of.get("tokens")
+    c, t = of.get(BudgetMetric.COST), of.get(BudgetMetric.TOKENS)
     return [
         -1 if c is None else c.limit,
         -1 if t is None else t.limit,
@@ -164,7 +167,7 @@ def _limits(of: Mapping[Metric, Budget]) -> list[int]:
     ]
 
 
-def _ttl(w: Window | None, now: float) -> int:
+def _ttl(w: Span | None, now: float) -> int:
     if w is None:  # a period that has ended
         return GRACE_MS
     if w.end is None:

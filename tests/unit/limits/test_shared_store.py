@@ -17,8 +17,9 @@ from redis import exceptions as rx
 from app.config.schema import RedisConfig
 from app.errors import ServiceUnavailable
 from app.limits.bucket import Limits
-from app.limits.redis_conn import Call, RedisLink, connect
-from app.limits.redis_store import SETTLE_LAG, RedisState, RedisStore
+from app.limits.shared_store import SharedStore
+from app.state.link import Call, RedisLink, connect
+from app.state.redis_engine import SETTLE_LAG, RedisEngine, RedisState
 from tests.support.redis_shapes import Server, server
 from tests.support.refill import refilled
 
@@ -66,16 +67,16 @@ def redis_aof(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture
-async def make(redis_aof: Server) -> AsyncIterator[Callable[..., Coroutine[Any, Any, RedisStore]]]:
+async def make(redis_aof: Server) -> AsyncIterator[Callable[..., Coroutine[Any, Any, SharedStore]]]:
     redis_aof.cli("FLUSHALL")
-    made: list[RedisStore] = []
+    made: list[SharedStore] = []
     tasks = Tasks()
 
-    async def build(**kw: Any) -> RedisStore:
+    async def build(**kw: Any) -> SharedStore:
         states: list[RedisState] = []
         cfg = RedisConfig(url=redis_aof.url, **kw)
         replica = f"replica-{len(made)}"  # one process plays several here
-        store = RedisStore.from_config(
+        store = SharedStore.from_config(
             cfg, spawn=tasks.spawn, on_state=states.append, replica=replica
         )
         store.states = states  # type: ignore[attr-defined]
@@ -161,7 +162,7 @@ async def test_replicas_see_each_other_and_an_outage_gives_each_its_share(
     await two.reserve("k", LIMITS, 10)  # both have seen the shared level lately: 24 left
     redis_aof.kill()
     alone = [await s.reserve("k", LIMITS, 10) for s in (one, two) for _ in range(40)]
-    assert one.state() == two.state() == "degraded"
+    assert one.engine.state() == two.engine.state() == "degraded"
     assert one.health()["redis"] == {
         "up": False, "fail_mode": "open", "state": "degraded", "replicas": 2, "divisor": 2,
     }  # fmt: skip
@@ -172,7 +173,7 @@ async def test_replicas_see_each_other_and_an_outage_gives_each_its_share(
     redis_aof.start()
     for store in (one, two):
         await store.housekeeping()  # the heartbeat ends the outage
-        assert store.state() == "shared"
+        assert store.engine.state() == "shared"
     await asyncio.sleep(SETTLE_LAG * 4)
     await one.tasks.idle()
     after = await one.reserve("k", LIMITS, 10)
@@ -196,13 +197,13 @@ async def test_a_cluster_node_configured_as_one_server_is_a_loud_config_error(
     try:
         tasks, states = Tasks(), list[RedisState]()
         cfg = RedisConfig(url=node.url)
-        store = RedisStore.from_config(cfg, spawn=tasks.spawn, on_state=states.append)
+        store = SharedStore.from_config(cfg, spawn=tasks.spawn, on_state=states.append)
         with caplog.at_level(logging.ERROR, "tokengate.redis"):
             await store.start()
             for _ in range(5):
                 assert (await store.reserve("k", LIMITS, 1)).allowed  # served: fail open
                 await store.housekeeping()  # no call that could raise
-        assert store.state() == "misconfigured" and not store.refusing()
+        assert store.engine.state() == "misconfigured" and not store.refusing()
         assert states[-1].misconfigured and states[-1].degraded and states[-1].up
         loud = [r for r in caplog.records if "MISCONFIGURED" in r.getMessage()]
         assert len(loud) == 1 and "redis.cluster = true" in loud[0].getMessage()
@@ -223,12 +224,12 @@ async def test_anything_the_client_raises_is_served_by_the_fail_mode(
 ) -> None:
     link = connect(RedisConfig(url="redis://127.0.0.1:1/0"))
     tasks = Tasks()
-    store = RedisStore(Broken(link.client, link.target), spawn=tasks.spawn)
+    store = SharedStore(RedisEngine(Broken(link.client, link.target), spawn=tasks.spawn))
     with caplog.at_level(logging.ERROR, "tokengate.redis"):
         decisions = [await store.reserve("k", LIMITS, 1) for _ in range(4)]
         store.settle("k", LIMITS, 5, 0)
     assert all(d.allowed for d in decisions)
-    assert store.state() == "degraded"  # three in a row: an outage
+    assert store.engine.state() == "degraded"  # three in a row: an outage
     logged = [r for r in caplog.records if "AttributeError" in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info is not None  # once, with its traceback
     await store.close()
@@ -240,8 +241,8 @@ async def test_a_restart_that_lost_the_scripts_is_answered_after_reloading_them(
     store = await make()
     redis_aof.cli("SCRIPT", "FLUSH")
     decision = await store.reserve("k", LIMITS, 1)
-    assert decision.allowed and store.state() == "shared"
-    (raw,) = await store.link.run([Call(None, (), ("PING",))])
+    assert decision.allowed and store.engine.state() == "shared"
+    (raw,) = await store.engine.link.run([Call(None, (), ("PING",))])
     assert raw is True
 
 
@@ -268,14 +269,14 @@ async def test_one_failed_call_is_decided_at_the_share_and_charged_to_redis_at_o
     tasks = Tasks()
     real = connect(RedisConfig(url=redis_aof.url))
     link = Flaky(real.client, real.target)
-    store = RedisStore(link, spawn=tasks.spawn)
+    store = SharedStore(RedisEngine(link, spawn=tasks.spawn))
     await store.start()
     try:
         refill = Refill(FEW_REQUESTS)
         await store.reserve("k", FEW_REQUESTS, 10)
         link.fail, link.nonsense = 1, nonsense
         served = await store.reserve("k", FEW_REQUESTS, 10)  # no hang, no exception
-        assert served.allowed and store.state() == "shared"  # one failure is no outage
+        assert served.allowed and store.engine.state() == "shared"  # one failure is no outage
         assert not store.fallback.active  # nothing stays local
         await asyncio.sleep(SETTLE_LAG * 4)
         await tasks.idle()

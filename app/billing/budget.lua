@@ -1,4 +1,4 @@
--- Budget spend shared by every replica (app/limits/shared_spend.py). One call covers one
+-- Budget spend shared by every replica (app/billing/shared_spend.py). One call covers one
 -- scope (a key, or a team): KEYS are, per period of that scope's budgets, a hash and a
 -- sorted set, all under one hash tag ({key:alias} or {team:name}), so in a Cluster a
 -- call never crosses slots. "Key i" below is the pair KEYS[2i-1], KEYS[2i].
