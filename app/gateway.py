@@ -37,6 +37,7 @@ from app.batch.runner import BatchRunner
 from app.batch.service import BatchService
 from app.batch.store import BatchStore
 from app.billing.periods import Calendar
+from app.config.effects import pin_restart
 from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.db import migrate
@@ -92,11 +93,6 @@ class Gateway:
         self.metrics = metrics
         s = runtime.settings
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
-        if transport_factory is None and s.server.upstream_client != "aiohttp":
-            log.warning(
-                "server.upstream_client = %r is deprecated: the upstream client is aiohttp",
-                s.server.upstream_client,
-            )
         self._transport_factory = transport_factory or self._default_transport
         # Names this process on the status page and in the shared store's replica list.
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -258,7 +254,6 @@ class Gateway:
         await self.live.refresh_spend()  # a spent budget stays spent across restarts
         self._describe_limits()
         log.info("durable state (ledger, batches, live limits) in %s", self.db.where)
-        self._warn_deprecated()
         if self.runtime.settings.health_check.enabled:
             await asyncio.gather(*(self._probe(d) for d in self.domains))
         for domain in self.domains:
@@ -271,18 +266,6 @@ class Gateway:
         self._loops.append(asyncio.create_task(self.alerts.run()))
         self._sync_gauges()
         self._warn_unpriced()
-
-    def _warn_deprecated(self) -> None:
-        s = self.runtime.settings
-        for name, value in (("ledger.path", s.ledger.path), ("batch.path", s.batch.path)):
-            if value is not None:
-                log.warning(
-                    "%s (%s) is deprecated and ignored: the ledger, batches and files live in "
-                    "one database, database.path (%s) or database.url for PostgreSQL",
-                    name,
-                    value,
-                    self.db.where,
-                )
 
     def unpriced_models(self) -> list[str]:
         """Models some request may be served by (configured, routed, aliased or listed by
@@ -325,6 +308,8 @@ class Gateway:
         timeouts of open pools...) is named as needing a restart and left out.
         """
         notes = describe_reload(self.runtime, new)
+        # what only a restart applies keeps its running value (`app.config.effects`)
+        new = dataclasses.replace(new, settings=pin_restart(self.runtime.settings, new.settings))
         self.spawn(self.audit.reloaded(self.runtime, new))
         old = {d.name: d for d in self.domains}
         new_specs = {d.name: d for d in new.domains}
