@@ -196,8 +196,14 @@ EFFECTS: Mapping[str, Effect] = MappingProxyType(
 
 
 def effect_of(path: str) -> Effect:
-    """A setting's effect; an undeclared path (a new setting's) counts as a restart."""
-    return EFFECTS.get(path, Effect.RESTART)
+    """A setting's effect, or that of the setting it is part of (`scale_up.max_inflight`
+    when `scale_up` is one table); an undeclared path counts as a restart."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        effect = EFFECTS.get(".".join(parts[:end]))
+        if effect is not None:
+            return effect
+    return Effect.RESTART
 
 
 def setting_paths(model: type[BaseModel] = Settings, prefix: str = "") -> Iterator[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.config.effects import EFFECTS, Effect, pin_restart, setting_paths
+from app.config.effects import EFFECTS, Effect, effect_of, pin_restart, setting_paths
 from app.config.schema import Settings
 
 
@@ -28,3 +28,9 @@ def test_a_reload_keeps_the_running_value_of_what_needs_a_restart() -> None:
     assert (pinned.token_scheduler.batch_size, pinned.token_scheduler.timeout_ms) == (8, 30000)
     assert pinned.redis.url is None and pinned.logging.level == "debug"
     assert type(pinned) is type(new)
+
+
+def test_a_part_of_a_declared_setting_takes_its_effect() -> None:
+    assert effect_of("scale_up.max_inflight") is Effect.LIVE  # `[scale_up]` as one table
+    assert effect_of("redis.url") is Effect.RESTART
+    assert effect_of("no.such.setting") is Effect.RESTART
