@@ -19,14 +19,13 @@ second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from app import tracing
@@ -51,6 +50,7 @@ from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.dispatch.homes import LocalHomes, ResponseHomes
+from app.housekeeping import Housekeeping, Step
 from app.limits.admission import Admission
 from app.limits.ledger import Ledger
 from app.limits.pacing import PaceState
@@ -155,6 +155,7 @@ class Gateway:
         self.started_at = time.time()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        self.housekeeping = Housekeeping(self._upkeep(), metrics.record_housekeeping_failure)
         metrics.add_models(self._configured_models())
 
     # -- construction -------------------------------------------------------------
@@ -260,7 +261,7 @@ class Gateway:
             domain.dispatcher.start()
             if self.runtime.settings.health_check.enabled:
                 self._loops.append(asyncio.create_task(self._health_loop(domain)))
-        self._loops.append(asyncio.create_task(self._housekeeping()))
+        self._loops.append(asyncio.create_task(self.housekeeping.run()))
         self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
         self._loops.append(asyncio.create_task(self.alerts.run()))
@@ -399,30 +400,23 @@ class Gateway:
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self.batch_runner.release()  # another replica (or a restart) resumes at once
-        await self.alerts.close()
+        # Each part closes on its own: one that fails is logged and the others still close.
+        # another replica (or a restart) resumes the batches at once
+        await _closing("batch leases release", self.batch_runner.release())
+        await _closing("alert delivery", self.alerts.close())
         for domain in self.domains:
-            await domain.dispatcher.stop()
+            await _closing(f"domain {domain.name} dispatcher", domain.dispatcher.stop())
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
-        try:
-            await self.ledger.close()  # every settled request is on the books
-        except Exception as exc:
-            log.error("ledger flush at shutdown failed: %r", exc)
-        with contextlib.suppress(Exception):
-            await self.store.close()
-        with contextlib.suppress(Exception):
-            await self.db.close()
+        await _closing("ledger flush", self.ledger.close())  # every settled request on the books
+        await _closing("shared store", self.store.close())
+        await _closing("database", self.db.close())
         for domain in self.domains:
-            await domain.client.close()
+            await _closing(f"domain {domain.name} upstream client", domain.client.close())
         if self.socket_dialer is not None:
-            await self.socket_dialer.close()
-        if self.tracer is not None:
-            try:  # the spans still buffered leave now (blocking: in a thread)
-                await asyncio.to_thread(self.tracer.shutdown)
-            except Exception as exc:
-                log.error("trace export at shutdown failed: %r", exc)
+            await _closing("upstream WebSocket dialer", self.socket_dialer.close())
+        if self.tracer is not None:  # the spans still buffered leave now (blocking: a thread)
+            await _closing("trace export", asyncio.to_thread(self.tracer.shutdown))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -491,27 +485,24 @@ class Gateway:
             await asyncio.sleep(self.runtime.settings.health_check.interval_sec)
             await self._probe(domain)
 
-    async def _housekeeping(self) -> None:
-        ticks = 0
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                # At once, so a shared store sends them all in one round trip: what other
-                # replicas learned of each domain's pace, and the heartbeat.
-                syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
-                await asyncio.gather(syncs, self.store.housekeeping())
-            except Exception as exc:  # one bad second must not end the upkeep for good
-                log.error("housekeeping failed (tried again in a second): %r", exc)
-            self._sync_gauges()
-            await self.live.load_limits()
-            await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
-            await self.live.load_budget_overrides()
-            await self.spend.renew()  # with Redis: holds of requests still running
-            ticks += 1
-            if ticks % LEDGER_MAINTENANCE_TICKS == 0:
-                await self._maintain_ledger()
-            if ticks % AUDIT_TICKS == 1:
-                await self.audit.housekeeping(self.runtime)
+    def _upkeep(self) -> list[Step]:
+        """The housekeeping steps, in order (`app.housekeeping` runs each on its own)."""
+        return [
+            # At once, so a shared store sends them all in one round trip: what other
+            # replicas learned of each domain's pace, and the heartbeat.
+            Step("shared_state", self._sync_shared),
+            Step("gauges", self._sync_gauges),
+            Step("live_limits", self.live.load_limits),
+            Step("leases", self.pipeline.holds.gate.housekeeping),  # shared leases, live caps
+            Step("budget_overrides", self.live.load_budget_overrides),
+            Step("spend_holds", self.spend.renew),  # with Redis: holds of requests running
+            Step("ledger_rollup", self._maintain_ledger, every=LEDGER_MAINTENANCE_TICKS),
+            Step("audit", lambda: self.audit.housekeeping(self.runtime), AUDIT_TICKS, 1),
+        ]
+
+    async def _sync_shared(self) -> None:
+        syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
+        await asyncio.gather(syncs, self.store.housekeeping())
 
     async def _maintain_ledger(self) -> None:
         try:
@@ -519,10 +510,7 @@ class Gateway:
             await self.responses.homes.owners.prune()  # stored responses past id_ttl_sec
             moved = await self.ledger.maintain()
         except DatabaseUnavailable:
-            return
-        except Exception as exc:
-            log.error("ledger roll-up failed: %r", exc)
-            return
+            return  # `Database` logs the outage
         if moved:
             log.info("ledger: %d minute rows rolled up into hours", moved)
 
@@ -579,6 +567,13 @@ class Gateway:
             "error": self.db.last_error,
             "ledger_backlog_rows": self.ledger.backlog,
         }
+
+
+async def _closing(what: str, closed: Awaitable[object]) -> None:
+    try:
+        await closed
+    except Exception as exc:
+        log.error("%s at shutdown failed: %r", what, exc)
 
 
 def _anonymous(settings: Any) -> KeySpec:

@@ -570,6 +570,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.housekeeping_failures = Counter(
+            "tokengate_housekeeping_failures",
+            "Steps of the once-a-second housekeeping that raised (logged with the step's "
+            "name; the other steps still ran).",
+            ["step"],
+            registry=r,
+        )
         self.ledger_dropped = Counter(
             "tokengate_ledger_dropped",
             "Ledger entries dropped because the buffer was full (ledger.max_buffered_rows) "
@@ -588,6 +595,9 @@ class Metrics:
 
     def set_ledger_backlog(self, rows: int) -> None:
         self.ledger_backlog.set(rows)
+
+    def record_housekeeping_failure(self, step: str) -> None:
+        self._child(self.housekeeping_failures, step).inc()
 
     def record_ledger_dropped(self) -> None:
         self.ledger_dropped.inc()
