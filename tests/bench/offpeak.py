@@ -93,7 +93,7 @@ def _settings(tmp: Path, opens: datetime) -> Path:
 
 def _start(group: Group, tmp: Path, plan: Plan, opens: datetime) -> tuple[str, str, Path]:
     sim_port, gw_port = free_port(), free_port()
-    sim_cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(sim_port)]
+    sim_cmd = [sys.executable, "-m", "app.commands.cli", "sim", "--port", str(sim_port)]
     sim_cmd += ["--api-key", subjects.UPSTREAM_KEY, "--no-record", "--rpm", str(plan.rpm)]
     sim_cmd += ["--quota-window-sec", f"{plan.window_sec:g}"]
     sim_cmd += ["--latency-ms", f"{plan.sim_latency_ms:g}"]
@@ -109,7 +109,7 @@ def _start(group: Group, tmp: Path, plan: Plan, opens: datetime) -> tuple[str, s
         TOKENGATE_TOKEN_SCHEDULER__MAX_QUEUE_WAIT_MS=str(plan.max_queue_wait_ms),
         TOKENGATE_BATCH__MAX_ITEMS=str(max(plan.items, 50_000)),
     )
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(gw_port)]
+    cmd = [sys.executable, "-m", "app.commands.cli", "serve", "--port", str(gw_port)]
     cmd += ["--config", str(_config(tmp, sim_url, plan)), "--settings", str(_settings(tmp, opens))]
     gw = group.start(f"{tmp.name}-gateway", cmd, env=env)
     gw_url = f"http://127.0.0.1:{gw_port}"

@@ -126,7 +126,7 @@ def _keys(plan: QuotaPlan) -> list[dict[str, object]]:
 def _start(group: Group, tmp: Path, plan: QuotaPlan) -> tuple[str, str, Path]:
     """The quota sim and a gateway whose domain declares the same quota."""
     sim_port, gw_port = free_port(), free_port()
-    sim_cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(sim_port)]
+    sim_cmd = [sys.executable, "-m", "app.commands.cli", "sim", "--port", str(sim_port)]
     sim_cmd += ["--api-key", subjects.UPSTREAM_KEY, "--no-record", "--rpm", str(plan.rpm)]
     sim_cmd += [
         "--quota-window-sec",
@@ -146,7 +146,7 @@ def _start(group: Group, tmp: Path, plan: QuotaPlan) -> tuple[str, str, Path]:
         TOKENGATE_DATABASE__PATH=str(tmp / "tokengate.sqlite3"),
         TOKENGATE_TOKEN_SCHEDULER__MAX_QUEUE_WAIT_MS=str(plan.max_queue_wait_ms),
     )
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(gw_port)]
+    cmd = [sys.executable, "-m", "app.commands.cli", "serve", "--port", str(gw_port)]
     cmd += ["--config", str(_config(tmp, sim_url, plan)), "--settings", str(settings)]
     gw = group.start("quota-gateway", cmd, env=env)
     gw_url = f"http://127.0.0.1:{gw_port}"
