@@ -182,7 +182,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "db":
         return _db(args)
     if args.command == "usage":
-        from app.commands.report import run as run_usage
+        from app.commands.usage_report import run as run_usage
 
         return run_usage(args)
     if args.command == "audit":
