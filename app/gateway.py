@@ -304,9 +304,10 @@ class Gateway:
 
         Requests already admitted finish with the objects they hold; new ones see the new
         keys, limits, routes, aliases, retry policy, breaker thresholds, per-domain quotas,
-        upstream keys and dispatcher settings (`LIVE`). What a running process can not
-        change (adding, removing or re-pointing a domain, the listener, log file, stores,
-        timeouts of open pools...) is named as needing a restart and left out.
+        upstream keys and dispatcher settings (`Effect.LIVE` in `app.config.effects`). What
+        a running process can not change (adding, removing or re-pointing a domain, the
+        listener, log file, stores, timeouts of open pools...) keeps its running value and
+        is named as needing a restart.
         """
         notes = describe_reload(self.runtime, new)
         # what only a restart applies keeps its running value (`app.config.effects`)
