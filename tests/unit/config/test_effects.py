@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.config.effects import EFFECTS, Effect, effect_of, pin_restart, setting_paths
 from app.config.schema import Settings
+from tests.support.changed_settings import NEW, nest
 
 
 def test_every_setting_of_the_schema_declares_its_effect() -> None:
@@ -34,3 +35,22 @@ def test_a_part_of_a_declared_setting_takes_its_effect() -> None:
     assert effect_of("scale_up.max_inflight") is Effect.LIVE  # `[scale_up]` as one table
     assert effect_of("redis.url") is Effect.RESTART
     assert effect_of("no.such.setting") is Effect.RESTART
+
+
+def _at(settings: Settings, path: str) -> object:
+    value: object = settings
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def test_every_setting_runs_on_the_value_its_declaration_says() -> None:
+    """Every setting changed at once: the running settings hold the new value of what is
+    live (or inert) and the old value of what waits for a restart."""
+    old = Settings.model_validate({})
+    flat = {path: value for path, value in NEW.items() if value is not None}
+    new = Settings.model_validate(nest(flat))
+    running = pin_restart(old, new)
+    for path in flat:
+        expected = _at(old, path) if EFFECTS[path] is Effect.RESTART else _at(new, path)
+        assert _at(running, path) == expected, path
