@@ -74,7 +74,7 @@ bench-deps: system-deps ## also install nginx, wrk, valgrind, faketime (Debian) 
 PORT ?= 8080
 SIM_PORT ?= 9090
 demo: install ## the gateway on the shipped config against the simulator (PORT=8080 SIM_PORT=9090)
-	$(BIN)/python -m app.demo --port $(PORT) --sim-port $(SIM_PORT)
+	$(BIN)/python -m app.commands.demo --port $(PORT) --sim-port $(SIM_PORT)
 
 # Two pytest workers (pytest-xdist), one test file each at a time: most of a test's time is
 # spent waiting on the processes it started, so two keep both cores busy without the load

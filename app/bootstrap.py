@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from app.config.deprecated import warn_deprecated
 from app.config.sources import ConfigFiles, default_files, load_settings, secret_environ
 from app.log import setup_logging
 from app.runtime import Runtime, compile_runtime
@@ -79,6 +80,7 @@ def reload_runtime(current: Runtime) -> Runtime:
 
 def setup_process(runtime: Runtime) -> None:
     setup_logging(runtime.settings.logging, secrets_of(runtime), runtime.source)
+    warn_deprecated(runtime.settings)  # once the log is open, once per process
     if not runtime.auth_enabled:
         warning = (
             "AUTHENTICATION IS OFF (--no-auth): anyone who can reach this port can spend "

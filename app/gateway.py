@@ -19,14 +19,13 @@ second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from app import tracing
@@ -42,6 +41,7 @@ from app.billing.ledger import Ledger
 from app.billing.periods import Calendar
 from app.billing.shared_spend import SharedSpend
 from app.billing.spend import SpendGate
+from app.config.effects import pin_restart
 from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.db import migrate
@@ -54,6 +54,7 @@ from app.db.usage import UsageBook
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.domain import Domain
 from app.dispatch.homes import LocalHomes, ResponseHomes
+from app.housekeeping import Housekeeping, Step
 from app.limits.admission import Admission
 from app.limits.limit_store import LimitStore, MemoryStore
 from app.limits.pacing import PaceState
@@ -93,11 +94,6 @@ class Gateway:
         self.metrics = metrics
         s = runtime.settings
         self.keys = KeyIndex(runtime.keys, enabled=runtime.auth_enabled, anonymous=_anonymous(s))
-        if transport_factory is None and s.server.upstream_client != "aiohttp":
-            log.warning(
-                "server.upstream_client = %r is deprecated: the upstream client is aiohttp",
-                s.server.upstream_client,
-            )
         self._transport_factory = transport_factory or self._default_transport
         # Names this process on the status page and in the shared store's replica list.
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -161,6 +157,7 @@ class Gateway:
         self.started_at = time.time()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        self.housekeeping = Housekeeping(self._upkeep(), metrics.record_housekeeping_failure)
         metrics.add_models(self._configured_models())
 
     # -- construction -------------------------------------------------------------
@@ -260,31 +257,18 @@ class Gateway:
         await self.live.refresh_spend()  # a spent budget stays spent across restarts
         self._describe_limits()
         log.info("durable state (ledger, batches, live limits) in %s", self.db.where)
-        self._warn_deprecated()
         if self.runtime.settings.health_check.enabled:
             await asyncio.gather(*(self._probe(d) for d in self.domains))
         for domain in self.domains:
             domain.dispatcher.start()
             if self.runtime.settings.health_check.enabled:
                 self._loops.append(asyncio.create_task(self._health_loop(domain)))
-        self._loops.append(asyncio.create_task(self._housekeeping()))
+        self._loops.append(asyncio.create_task(self.housekeeping.run()))
         self._loops.append(asyncio.create_task(self._flush_ledger()))
         self._loops.append(asyncio.create_task(self.batch_runner.run()))
         self._loops.append(asyncio.create_task(self.alerts.run()))
         self._sync_gauges()
         self._warn_unpriced()
-
-    def _warn_deprecated(self) -> None:
-        s = self.runtime.settings
-        for name, value in (("ledger.path", s.ledger.path), ("batch.path", s.batch.path)):
-            if value is not None:
-                log.warning(
-                    "%s (%s) is deprecated and ignored: the ledger, batches and files live in "
-                    "one database, database.path (%s) or database.url for PostgreSQL",
-                    name,
-                    value,
-                    self.db.where,
-                )
 
     def unpriced_models(self) -> list[str]:
         """Models some request may be served by (configured, routed, aliased or listed by
@@ -322,11 +306,14 @@ class Gateway:
 
         Requests already admitted finish with the objects they hold; new ones see the new
         keys, limits, routes, aliases, retry policy, breaker thresholds, per-domain quotas,
-        upstream keys and dispatcher settings (`LIVE`). What a running process can not
-        change (adding, removing or re-pointing a domain, the listener, log file, stores,
-        timeouts of open pools...) is named as needing a restart and left out.
+        upstream keys and dispatcher settings (`Effect.LIVE` in `app.config.effects`). What
+        a running process can not change (adding, removing or re-pointing a domain, the
+        listener, log file, stores, timeouts of open pools...) keeps its running value and
+        is named as needing a restart.
         """
         notes = describe_reload(self.runtime, new)
+        # what only a restart applies keeps its running value (`app.config.effects`)
+        new = dataclasses.replace(new, settings=pin_restart(self.runtime.settings, new.settings))
         self.spawn(self.audit.reloaded(self.runtime, new))
         old = {d.name: d for d in self.domains}
         new_specs = {d.name: d for d in new.domains}
@@ -416,30 +403,23 @@ class Gateway:
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self.batch_runner.release()  # another replica (or a restart) resumes at once
-        await self.alerts.close()
+        # Each part closes on its own: one that fails is logged and the others still close.
+        # another replica (or a restart) resumes the batches at once
+        await _closing("batch leases release", self.batch_runner.release())
+        await _closing("alert delivery", self.alerts.close())
         for domain in self.domains:
-            await domain.dispatcher.stop()
+            await _closing(f"domain {domain.name} dispatcher", domain.dispatcher.stop())
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
-        try:
-            await self.ledger.close()  # every settled request is on the books
-        except Exception as exc:
-            log.error("ledger flush at shutdown failed: %r", exc)
-        with contextlib.suppress(Exception):
-            await self.store.close()
-        with contextlib.suppress(Exception):
-            await self.db.close()
+        await _closing("ledger flush", self.ledger.close())  # every settled request on the books
+        await _closing("shared store", self.store.close())
+        await _closing("database", self.db.close())
         for domain in self.domains:
-            await domain.client.close()
+            await _closing(f"domain {domain.name} upstream client", domain.client.close())
         if self.socket_dialer is not None:
-            await self.socket_dialer.close()
-        if self.tracer is not None:
-            try:  # the spans still buffered leave now (blocking: in a thread)
-                await asyncio.to_thread(self.tracer.shutdown)
-            except Exception as exc:
-                log.error("trace export at shutdown failed: %r", exc)
+            await _closing("upstream WebSocket dialer", self.socket_dialer.close())
+        if self.tracer is not None:  # the spans still buffered leave now (blocking: a thread)
+            await _closing("trace export", asyncio.to_thread(self.tracer.shutdown))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -508,27 +488,24 @@ class Gateway:
             await asyncio.sleep(self.runtime.settings.health_check.interval_sec)
             await self._probe(domain)
 
-    async def _housekeeping(self) -> None:
-        ticks = 0
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                # At once, so a shared store sends them all in one round trip: what other
-                # replicas learned of each domain's pace, and the heartbeat.
-                syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
-                await asyncio.gather(syncs, self.store.housekeeping())
-            except Exception as exc:  # one bad second must not end the upkeep for good
-                log.error("housekeeping failed (tried again in a second): %r", exc)
-            self._sync_gauges()
-            await self.live.load_limits()
-            await self.pipeline.holds.gate.housekeeping()  # shared leases renewed, live caps
-            await self.live.load_budget_overrides()
-            await self.spend.renew()  # with Redis: holds of requests still running
-            ticks += 1
-            if ticks % LEDGER_MAINTENANCE_TICKS == 0:
-                await self._maintain_ledger()
-            if ticks % AUDIT_TICKS == 1:
-                await self.audit.housekeeping(self.runtime)
+    def _upkeep(self) -> list[Step]:
+        """The housekeeping steps, in order (`app.housekeeping` runs each on its own)."""
+        return [
+            # At once, so a shared store sends them all in one round trip: what other
+            # replicas learned of each domain's pace, and the heartbeat.
+            Step("shared_state", self._sync_shared),
+            Step("gauges", self._sync_gauges),
+            Step("live_limits", self.live.load_limits),
+            Step("leases", self.pipeline.holds.gate.housekeeping),  # shared leases, live caps
+            Step("budget_overrides", self.live.load_budget_overrides),
+            Step("spend_holds", self.spend.renew),  # with Redis: holds of requests running
+            Step("ledger_rollup", self._maintain_ledger, every=LEDGER_MAINTENANCE_TICKS),
+            Step("audit", lambda: self.audit.housekeeping(self.runtime), AUDIT_TICKS, 1),
+        ]
+
+    async def _sync_shared(self) -> None:
+        syncs = asyncio.gather(*(d.dispatcher.pacer.sync() for d in self.domains))
+        await asyncio.gather(syncs, self.store.housekeeping())
 
     async def _maintain_ledger(self) -> None:
         try:
@@ -536,10 +513,7 @@ class Gateway:
             await self.responses.homes.owners.prune()  # stored responses past id_ttl_sec
             moved = await self.ledger.maintain()
         except DatabaseUnavailable:
-            return
-        except Exception as exc:
-            log.error("ledger roll-up failed: %r", exc)
-            return
+            return  # `Database` logs the outage
         if moved:
             log.info("ledger: %d minute rows rolled up into hours", moved)
 
@@ -596,6 +570,13 @@ class Gateway:
             "error": self.db.last_error,
             "ledger_backlog_rows": self.ledger.backlog,
         }
+
+
+async def _closing(what: str, closed: Awaitable[object]) -> None:
+    try:
+        await closed
+    except Exception as exc:
+        log.error("%s at shutdown failed: %r", what, exc)
 
 
 def _anonymous(settings: Any) -> KeySpec:

@@ -4,7 +4,8 @@
 `stdout` or `stderr`). A missing or unwritable log directory is a startup error
 (exit 2), never a silent fallback. The redaction filter replaces every registered
 secret (upstream keys, admin key) and anything shaped like a bearer token or API key
-with `***`; prompt text never reaches the log unless `logging.log_prompts` is on.
+with `***`; prompt text never reaches the log (`logging.log_prompts` is deprecated and
+ignored).
 """
 
 from __future__ import annotations

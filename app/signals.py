@@ -1,6 +1,6 @@
 """What a serving process does about signals and the garbage collector.
 
-Kept apart from `app.server` (which runs uvicorn and imports `app.main`) so that
+Kept apart from `app.commands.serve` (which runs uvicorn and imports `app.main`) so that
 `app.main`'s lifespan can install them without importing the server back.
 SIGTERM drains: readiness turns 503 first (`server.drain_delay_sec` lets load
 balancers notice), then uvicorn's own stop runs. SIGHUP reloads the configuration.

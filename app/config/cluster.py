@@ -221,8 +221,8 @@ class LoggingConfig(Section):
     )
     log_prompts: bool = Field(
         False,
-        description="Debug only: include prompt text in request log lines. Off, prompts never "
-        "reach the log.",
+        description="Deprecated and ignored: prompt text never reaches the log (a privacy "
+        "guarantee, `docs/security.md`). Still accepted so older files load, with a warning.",
     )
 
     @field_validator("level", mode="before")

@@ -1,7 +1,7 @@
 """What changed between two configurations, setting by setting, safe to log.
 
 A reload (SIGHUP) names every change: applied live, or waiting for a restart (which
-is which is the gateway's call, `Gateway.reload`). Sections are compared field by
+is which is declared once, in `app.config.effects`). Sections are compared field by
 field (`token_scheduler.batch_size`); lists and mappings (`keys`, `model_aliases`, a
 `[[scale_up]]` array) as one value each. Only plain scalars are shown: a secret, a
 list of key digests or a mapping is reported as changed, never printed.

@@ -74,7 +74,7 @@ def _start(group: Group, tmp: Path, plan: AffinityPlan, affinity: bool) -> str:
     sims = []
     for i in range(plan.domains):
         port = free_port()
-        cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(port), "--no-record"]
+        cmd = [sys.executable, "-m", "app.commands.cli", "sim", "--port", str(port), "--no-record"]
         cmd += ["--api-key", subjects.UPSTREAM_KEY, "--latency-ms", f"{plan.sim_latency_ms:g}"]
         proc = group.start(f"affinity-sim-{i}", cmd, env=subjects.clean_env())
         url = f"http://127.0.0.1:{port}"
@@ -97,7 +97,7 @@ def _start(group: Group, tmp: Path, plan: AffinityPlan, affinity: bool) -> str:
         TOKENGATE_AFFINITY__ENABLED="true" if affinity else "false",
     )
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "app.commands.cli", "serve", "--port", str(port)]
     cmd += ["--config", str(_config(tmp, sims)), "--settings", str(settings)]
     gw = group.start("affinity-gateway", cmd, env=env)
     url = f"http://127.0.0.1:{port}"

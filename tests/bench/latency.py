@@ -62,7 +62,7 @@ class LatencyResult:
 
 def start_sim(group: Group, shape: SimShape, plan: Plan) -> Subject:
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(port)]
+    cmd = [sys.executable, "-m", "app.commands.cli", "sim", "--port", str(port)]
     cmd += ["--api-key", subjects.UPSTREAM_KEY, "--no-record", *shape.args()]
     proc = group.start("sim", pinned(cmd, plan.load_cpus), env=subjects.clean_env())
     url = f"http://127.0.0.1:{port}"

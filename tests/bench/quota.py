@@ -129,7 +129,7 @@ def _keys(plan: QuotaPlan) -> list[dict[str, object]]:
 def start_sim(group: Group, name: str, rpm: int, window_sec: float, latency_ms: float) -> str:
     """`tokengate sim` enforcing a quota of `rpm` per `window_sec`; its URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(port)]
+    cmd = [sys.executable, "-m", "app.commands.cli", "sim", "--port", str(port)]
     cmd += ["--api-key", subjects.UPSTREAM_KEY, "--no-record", "--rpm", str(rpm)]
     cmd += ["--quota-window-sec", f"{window_sec:g}", "--latency-ms", f"{latency_ms:g}"]
     sim = group.start(name, cmd, env=subjects.clean_env())
@@ -157,7 +157,7 @@ def start_gateway(
         TOKENGATE_TOKEN_SCHEDULER__MAX_QUEUE_WAIT_MS=str(max_queue_wait_ms),
         **{"TOKENGATE_LOGGING__LEVEL": "warning", **env},
     )
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "app.commands.cli", "serve", "--port", str(port)]
     cmd += ["--config", str(config), "--settings", str(settings)]
     gw = group.start(name, cmd, env=environ)
     url = f"http://127.0.0.1:{port}"

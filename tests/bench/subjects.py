@@ -114,7 +114,7 @@ def tokengate(
         env["PROMETHEUS_MULTIPROC_DIR"] = str(workdir / "prom")
         (workdir / "prom").mkdir(exist_ok=True)
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "app.commands.cli", "serve", "--port", str(port)]
     cmd += ["--workers", str(workers), "--config", str(ROOT / "config" / "config.toml")]
     cmd += ["--settings", str(settings)]
     proc = group.start(name, pinned([*(wrap or ()), *cmd], cpus), env=env)

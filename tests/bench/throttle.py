@@ -72,7 +72,7 @@ def aliases(plan: Plan) -> list[str]:
 
 def _sim(group: Group, plan: Plan, headers: str) -> str:
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "sim", "--port", str(port), "--no-record"]
+    cmd = [sys.executable, "-m", "app.commands.cli", "sim", "--port", str(port), "--no-record"]
     cmd += ["--api-key", subjects.UPSTREAM_KEY, "--rpm", str(plan.quota_rpm)]
     cmd += ["--quota-window-sec", f"{plan.window_sec:g}", "--quota-mode", "window"]
     cmd += ["--quota-headers", headers, "--latency-ms", f"{plan.sim_latency_ms:g}"]
@@ -119,7 +119,7 @@ def _gateway(
     if redis_url:
         env["TOKENGATE_REDIS_URL"] = redis_url
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "app.commands.cli", "serve", "--port", str(port)]
     cmd += ["--config", str(_config(tmp, sim_url, rpm)), "--settings", str(settings)]
     proc = group.start(f"throttle-gw-{port}", cmd, env=env)
     url = f"http://127.0.0.1:{port}"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.demo_text import CLAUDE, CODEX
+from app.commands.demo_text import CLAUDE, CODEX
 from tests.support.procs import ROOT, free_port
 
 
@@ -27,7 +27,7 @@ def test_demo_answers_a_chat_completion_through_the_openai_sdk() -> None:
         [
             sys.executable,
             "-m",
-            "app.demo",
+            "app.commands.demo",
             "--smoke",
             "--port",
             str(port),
@@ -53,7 +53,15 @@ class Demo:
     def __init__(self, port: int, sim_port: int, env: dict[str, str] | None = None) -> None:
         self.port, self.sim_port = port, sim_port
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.demo", "--port", str(port), "--sim-port", str(sim_port)],
+            [
+                sys.executable,
+                "-m",
+                "app.commands.demo",
+                "--port",
+                str(port),
+                "--sim-port",
+                str(sim_port),
+            ],
             cwd=ROOT,
             env=newcomer_env() | (env or {}),
             stdout=subprocess.PIPE,

@@ -359,7 +359,7 @@ def test_shipped_rules_evaluate_on_live_data_and_only_the_provoked_alert_is_acti
 
 @pytest.mark.slow
 def test_redis_up_is_not_exposed_without_redis(stack: Stack) -> None:
-    # app/metrics.py documents tokengate_redis_up as "absent without Redis": a 0 there
+    # app/metrics/durable.py documents tokengate_redis_up as "absent without Redis": a 0 there
     # would page TokengateRedisDown on every deployment that runs without Redis.
     samples = [
         ln for ln in stack.gateway.metrics().splitlines() if ln.startswith("tokengate_redis_up")

@@ -24,7 +24,7 @@ def test_serve_upstream_sim_needs_no_variable(sim: Sim, tmp_path: Path) -> None:
     serve = ["serve", "--port", str(port), "--no-auth", "--upstream", f"sim:{sim.port}", *files]
     with open(out, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *serve],
+            [sys.executable, "-m", "app.commands.cli", *serve],
             cwd=tmp_path,  # its var/ (the database) goes here, not into the repository
             env=env,
             stdout=log,

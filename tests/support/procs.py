@@ -1,6 +1,6 @@
 """Real processes on loopback ports for end-to-end tests: sim, gateway, redis-server.
 
-Each helper starts the real command (`python -m app.cli ...`, `redis-server`), waits
+Each helper starts the real command (`python -m app.commands.cli ...`, `redis-server`), waits
 until it answers, and stops it (SIGTERM, then SIGKILL) when the test ends.
 """
 
@@ -75,7 +75,7 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", *args]
+    return [sys.executable, "-m", "app.commands.cli", *args]
 
 
 def run_cli(

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app.banner import render
+from app.commands.banner import render
 from app.config.schema import Settings
 from app.runtime import Runtime, compile_runtime
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app import demo_text
-from app.demo import _environment, user_variables
+from app.commands import demo_text
+from app.commands.demo import _environment, user_variables
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE, KEY = "http://127.0.0.1:8080", "tg-..."

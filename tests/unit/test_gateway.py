@@ -68,6 +68,39 @@ async def test_a_change_that_needs_a_restart_is_named_and_left_out(
     assert "restart needed: token_scheduler.timeout_ms 30000 -> 1234" in notes
     assert "restart needed: domain 'default' api_base changed" in notes
     assert gateway.domains[0].spec.api_base == "https://taotoken.net/api"  # left as it was
+    running = gateway.runtime.settings  # what needs a restart keeps its running value
+    assert (running.logging.output, running.token_scheduler.timeout_ms) == ("stderr", 30000)
+
+
+async def test_billing_teams_and_affinity_are_applied_and_reported_so(
+    make_local_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    gateway = make_local_gateway({"keys": [ALICE]})
+    team_key = {**ALICE, "team": "research"}
+    data = {
+        "keys": [team_key],
+        "teams": [{"name": "research", "budgets": [{"period": "day", "max_tokens": 1000}]}],
+        "billing": {
+            "timezone": "Asia/Shanghai",
+            "prices": {"gpt-4o": {"input": 2.5, "output": 10}},
+        },
+        "affinity": {"enabled": False},
+    }
+    notes = gateway.reload(runtime(tmp_path, data))
+    for path in ("teams", "billing.timezone", "billing.prices", "affinity.enabled"):
+        assert any(n.startswith(f"applied: {path}") for n in notes), (path, notes)
+    assert not any(n.startswith("restart needed") for n in notes), notes
+    assert gateway.pipeline.prices.unpriced({"gpt-4o"}) == []
+    assert gateway.calendar.timezone == "Asia/Shanghai"
+    assert gateway.pipeline.failover.affinity is False
+    assert [t.name for t in gateway.runtime.teams] == ["research"]
+
+
+def test_a_deprecated_setting_is_reported_as_having_no_effect(tmp_path: Path) -> None:
+    new = runtime(tmp_path, {"logging": {"log_prompts": True}})
+    assert describe_reload(runtime(tmp_path, {}), new) == [
+        "no effect: logging.log_prompts False -> True"
+    ]
 
 
 async def test_an_override_that_shadows_the_files_is_listed_until_cleared(
@@ -107,10 +140,10 @@ def test_a_reload_that_loads_an_expired_key_warns(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize("path", ["redis.url", "server.drain_delay_sec", "ledger.path"])
+@pytest.mark.parametrize("path", ["redis.url", "server.drain_delay_sec", "database.path"])
 def test_store_and_listener_settings_need_a_restart(tmp_path: Path, path: str) -> None:
     section, field = path.split(".")
-    value = {"redis.url": "redis://r:6379/0", "server.drain_delay_sec": 3, "ledger.path": "x"}
+    value = {"redis.url": "redis://r:6379/0", "server.drain_delay_sec": 3, "database.path": "x"}
     new = runtime(tmp_path, {section: {field: value[path]}})
     notes = describe_reload(runtime(tmp_path, {}), new)
     assert len(notes) == 1 and notes[0].startswith(f"restart needed: {path}")

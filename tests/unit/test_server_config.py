@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uvicorn
 
+from app.commands.serve import _config
 from app.config.schema import Settings
 from app.runtime import compile_runtime
-from app.server import _config
 
 
 def _uvicorn(settings: dict[str, object]) -> uvicorn.Config:

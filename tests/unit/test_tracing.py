@@ -20,7 +20,7 @@ from app.main import create_app
 from app.runtime import compile_runtime
 settings = Settings.model_validate({"health_check": {"enabled": False}})
 create_app(compile_runtime(settings, {"TAOTOKEN_API_KEY": "sk-x"}, no_auth=True))
-ours = ("app.otel", "opentelemetry.sdk.trace", "opentelemetry.exporter")
+ours = ("app.tracing.otel", "opentelemetry.sdk.trace", "opentelemetry.exporter")
 loaded = sorted(m for m in sys.modules if m.startswith(ours))
 print(loaded)
 """
@@ -42,7 +42,7 @@ def test_off_builds_no_tracer() -> None:
 
 
 def test_on_without_the_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "app.otel", None)  # as if opentelemetry were missing
+    monkeypatch.setitem(sys.modules, "app.tracing.otel", None)  # as if opentelemetry were missing
     with pytest.raises(ConfigError) as refused:
         build(TracingConfig(enabled=True), "settings.json")
     text = refused.value.render()
@@ -50,7 +50,7 @@ def test_on_without_the_package_says_what_to_install(monkeypatch: pytest.MonkeyP
 
 
 def test_export_headers_are_parsed_as_the_otel_variable_is() -> None:
-    from app.otel import export_headers
+    from app.tracing.otel import export_headers
 
     raw = "Authorization=Bearer%20abc, x-team = ops ,broken"
     assert export_headers(raw) == {"authorization": "Bearer abc", "x-team": "ops"}
@@ -70,7 +70,7 @@ def test_each_endpoint_has_its_genai_operation_name(endpoint: str, op: str) -> N
 
 
 def test_an_unsampled_request_makes_no_children_and_still_propagates() -> None:
-    from app.otel import OtelTracer
+    from app.tracing.otel import OtelTracer
 
     tracer = OtelTracer(
         TracingConfig(enabled=True, sample_ratio=0.0, endpoint="http://127.0.0.1:9/v1/traces")

@@ -169,7 +169,7 @@ def test_cli_exits_2_with_one_message_and_no_traceback(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "app.commands.cli",
             "serve",
             "--config",
             str(f.config),

@@ -164,7 +164,7 @@ def test_dockerignore_keeps_out(path: str) -> None:
     [
         "pyproject.toml",
         "README.md",
-        "app/cli.py",
+        "app/commands/cli.py",
         "app/limits/token_bucket.lua",
         "config/config.toml",
         "config/settings.json",

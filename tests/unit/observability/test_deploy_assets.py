@@ -1,5 +1,5 @@
 """The Prometheus rules, their promtool tests, the runbook and the Grafana dashboard agree
-with each other and with `app/metrics.py`: no process, no network (the real tools run in
+with each other and with `app/metrics/`: no process, no network (the real tools run in
 tests/e2e/test_prometheus.py).
 
 Metric names are taken from a fresh `Metrics` registry, so a renamed instrument breaks
@@ -44,7 +44,7 @@ GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range"}
 
 
 def exposed_names() -> dict[str, str]:
-    """Every series name `app/metrics.py` can expose -> the family it belongs to."""
+    """Every series name `app/metrics/` can expose -> the family it belongs to."""
     names: dict[str, str] = {}
     metrics = Metrics(new_registry())
     # the Redis gauges exist only with Redis configured; make sure they are listed
@@ -104,7 +104,7 @@ def test_rules_reference_only_exposed_metrics() -> None:
     for rule in alerts():
         text = rule["expr"] + " ".join(rule["annotations"].values())
         unknown = set(METRIC.findall(text)) - set(names)
-        assert not unknown, f"{rule['alert']} uses metrics app/metrics.py does not define"
+        assert not unknown, f"{rule['alert']} uses metrics app/metrics/ does not define"
 
 
 def test_dashboard_references_only_exposed_metrics_and_shows_the_contract() -> None:

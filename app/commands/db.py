@@ -1,5 +1,5 @@
 """`tokengate db upgrade | current | check | backup PATH | prune`, and `serve`'s check
-(the arguments are declared in `app.cli`, which must not import SQLAlchemy to start).
+(the arguments are declared in `app.commands.cli`, which must not import SQLAlchemy to start).
 
 Exit codes follow the CLI's: 0 done, 1 a failed check (`check`: the schema is not at head;
 `backup`: no `pg_dump`), 2 the database can not be used (unreachable, or a schema `serve`

@@ -19,9 +19,7 @@ groups and queue waits, time to first token, cost) are recorded through tally ce
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
-from typing import Any, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -34,70 +32,25 @@ from prometheus_client import (
 from prometheus_client import multiprocess as _mp
 
 from app.kinds import TokenKind
-from app.status.board import StatusBoard
-from app.status.recent import Failure, RecentErrors
-from app.status.ring import Ring
-from app.tally import Fold, Tally
+from app.metrics.agents import AgentFamilies
+from app.metrics.base import LATENCY, QUEUE, UsageLike, multiprocess_enabled
+from app.metrics.costs import CostFamilies
+from app.metrics.durable import DurableFamilies
+from app.status.recent import Failure
+from app.tally import Tally
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-MAX_MODEL_LABELS = 200
-_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-_QUEUE = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-class UsageLike(Protocol):
-    """What `record_answer` reads of a ledger entry (`app.billing.ledger.UsageEntry`)."""
+class Metrics(AgentFamilies, DurableFamilies, CostFamilies):
+    """Every family: the requests' own here, the others by area (`agents`, `durable`,
+    `costs`), all on one registry."""
 
-    @property
-    def key(self) -> str: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def completion_tokens(self) -> int: ...
-    @property
-    def failed_prompt_tokens(self) -> int: ...
-    @property
-    def failed_completion_tokens(self) -> int: ...
-
-
-class RedisStateLike(Protocol):
-    """What `record_redis_state` reads (`app.state.redis_engine.RedisState`)."""
-
-    @property
-    def up(self) -> bool: ...
-    @property
-    def degraded(self) -> bool: ...
-    @property
-    def misconfigured(self) -> bool: ...
-    @property
-    def replicas(self) -> int: ...
-
-
-def multiprocess_enabled() -> bool:
-    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-
-
-def mark_process_dead(pid: int) -> None:
-    """Drop a dead worker's live gauges (called by the supervisor, if any)."""
-    if multiprocess_enabled():
-        _mp.mark_process_dead(pid)  # type: ignore[no-untyped-call]
-
-
-class Metrics:
     def __init__(self, registry: CollectorRegistry, models: Iterable[str] = ()) -> None:
-        self.registry = registry
-        self._models: set[str] = set(models)
-        self._children: dict[tuple[Any, ...], Any] = {}
-        self._tallies: dict[tuple[Any, ...], Tally] = {}
+        super().__init__(registry, models)
         self._answers: dict[tuple[str, str, str, int], tuple[Tally, ...]] = {}
-        self._write_through = multiprocess_enabled()
-        self._ring: Ring | None = None
-        self._errors: RecentErrors | None = None
         r = registry
-        r.register(Fold(self.fold))  # first: the instruments below are collected after it
         self.requests = Counter(
             "tokengate_requests",
             "Requests answered, by serving domain, model and HTTP status.",
@@ -120,14 +73,14 @@ class Metrics:
             "tokengate_request_duration_seconds",
             "Time from request arrival to the last byte of the answer.",
             ["domain", "model"],
-            buckets=_LATENCY,
+            buckets=LATENCY,
             registry=r,
         )
         self.ttft = Histogram(
             "tokengate_time_to_first_token_seconds",
             "Time from request arrival to the first streamed content chunk.",
             ["domain", "model"],
-            buckets=_LATENCY,
+            buckets=LATENCY,
             registry=r,
         )
         self.queue_depth = Gauge(
@@ -155,7 +108,7 @@ class Metrics:
             "tokengate_queue_wait_seconds",
             "Time a request waited for a dispatch slot.",
             ["domain"],
-            buckets=_QUEUE,
+            buckets=QUEUE,
             registry=r,
         )
         self.inflight = Gauge(
@@ -252,31 +205,6 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._add_agent_metrics(r)
-        self.sockets = Gauge(
-            "tokengate_responses_websocket_connections",
-            "Open Responses API WebSocket connections (Codex CLI's first choice).",
-            registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.socket_messages = Counter(
-            "tokengate_responses_websocket_messages",
-            "Client messages on Responses API WebSockets (kind = create|warmup|refused|"
-            "ignored|waited; `waited`: a turn waited out its key's 429 before any output); "
-            "each `create` is also one request in the request metrics.",
-            ["kind"],
-            registry=r,
-        )
-        self.socket_upgrades = Counter(
-            "tokengate_responses_websocket_upgrades",
-            "WebSocket upgrade requests on /v1/responses, by answer (101 accepted, 426 "
-            "refused so the client falls back to HTTP, 401 bad key).",
-            ["status"],
-            registry=r,
-        )
-        self.redis_up: Gauge | None = None  # these four only when Redis is configured
-        self.redis_degraded: Gauge | None = None
-        self.redis_misconfigured: Gauge | None = None
-        self.redis_replicas: Gauge | None = None
         self.route_unresolved = Gauge(
             "tokengate_route_unresolved",
             "1 when a routed or aliased model is listed by no domain's /v1/models.",
@@ -286,44 +214,6 @@ class Metrics:
         )
         self._add_durable_state(r)
         self._add_spend(r)
-
-    def watch(self, board: StatusBoard | None) -> None:
-        """Feed `board` (the status page's recent traffic) from the verbs below too."""
-        self._ring = board.ring if board is not None else None
-        self._errors = board.errors if board is not None else None
-
-    # -- label hygiene -------------------------------------------------------------
-    def add_models(self, models: Iterable[str]) -> None:
-        for model in models:
-            if len(self._models) >= MAX_MODEL_LABELS:
-                return
-            self._models.add(model)
-
-    def model_label(self, model: str | None) -> str:
-        if not model:
-            return "none"
-        return model if model in self._models else "other"
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = metric.labels(*labels)
-            self._children[key] = child
-        return child
-
-    def _tally(self, metric: Any, *labels: str) -> Tally:
-        """The hot path's cell for one child (`app.tally`)."""
-        key = (id(metric), *labels)
-        tally = self._tallies.get(key)
-        if tally is None:
-            tally = self._tallies[key] = Tally(self._child(metric, *labels), self._write_through)
-        return tally
-
-    def fold(self) -> None:
-        """Hand every tally to prometheus_client (before any read of the registry)."""
-        for tally in self._tallies.values():
-            tally.fold()
 
     # -- verbs ----------------------------------------------------------------------
     def record_request(self, domain: str, model: str | None, status: int, seconds: float) -> None:
@@ -456,200 +346,8 @@ class Metrics:
             float("inf") if requests_per_sec is None else requests_per_sec
         )
 
-    def record_socket_upgrade(self, status: int) -> None:
-        self._child(self.socket_upgrades, str(status)).inc()
-
-    def socket_opened(self) -> None:
-        self.sockets.inc()
-
-    def socket_closed(self) -> None:
-        self.sockets.dec()
-
-    def record_socket_message(self, kind: str) -> None:
-        self._child(self.socket_messages, kind).inc()
-
-    def record_redis_state(self, state: RedisStateLike) -> None:
-        """The shared-state Redis as this process sees it (the gauges exist only with
-        Redis configured, so a scrape without them means "not configured")."""
-        if self.redis_up is None:
-            r = self.registry
-            self.redis_up = Gauge(
-                "tokengate_redis_up",
-                "1 when the shared-state Redis answers (absent without Redis).",
-                registry=r,
-                multiprocess_mode="livemin",
-            )
-            self.redis_degraded = Gauge(
-                "tokengate_redis_degraded",
-                "1 while limits and domain quotas are enforced per replica, each its share "
-                "(Redis unreachable or misconfigured, fail open).",
-                registry=r,
-                multiprocess_mode="livemax",
-            )
-            self.redis_misconfigured = Gauge(
-                "tokengate_redis_misconfigured",
-                "1 when Redis answered MOVED/ASK/CROSSSLOT: a Cluster configured as one "
-                "server; fixed only by a restart with the right configuration.",
-                registry=r,
-                multiprocess_mode="livemax",
-            )
-            self.redis_replicas = Gauge(
-                "tokengate_redis_replicas",
-                "Gateway processes seen alive in the last minute (heartbeats in Redis); what "
-                "a limit is divided by while Redis is unreachable.",
-                registry=r,
-                multiprocess_mode="livemax",
-            )
-        assert self.redis_degraded and self.redis_misconfigured and self.redis_replicas
-        self.redis_up.set(1 if state.up else 0)
-        self.redis_degraded.set(1 if state.degraded else 0)
-        self.redis_misconfigured.set(1 if state.misconfigured else 0)
-        self.redis_replicas.set(state.replicas)
-
     def set_route_unresolved(self, model: str, unresolved: bool) -> None:
         self._child(self.route_unresolved, model).set(1 if unresolved else 0)
-
-    # -- coding agents: prompt-cache affinity, per-key concurrency -------------------------
-    def _add_agent_metrics(self, r: CollectorRegistry) -> None:
-        self.affinity = Counter(
-            "tokengate_affinity",
-            "Requests of a conversation placed by prompt-cache affinity, by the domain "
-            "chosen and how: home (its domain), spill (its domain over the load bound), "
-            "failover (its domain unavailable).",
-            ["domain", "outcome"],
-            registry=r,
-        )
-        self.prompt_cache = Counter(
-            "tokengate_prompt_cache_tokens",
-            "Prompt tokens the upstream reported as read from (kind=read) or written to "
-            "(kind=write) its prompt cache, by domain; part of tokens_total{kind=prompt}.",
-            ["domain", "kind"],
-            registry=r,
-        )
-        self.key_waits = Counter(
-            "tokengate_key_concurrency_waits",
-            "Requests that waited for their key's max_concurrent, by outcome (granted | timeout).",
-            ["key", "outcome"],
-            registry=r,
-        )
-
-    def record_affinity(self, domain: str, outcome: str) -> None:
-        self._child(self.affinity, domain, outcome).inc()
-
-    def record_prompt_cache(self, domain: str, read: int, written: int) -> None:
-        if read:
-            self._child(self.prompt_cache, domain, "read").inc(read)
-        if written:
-            self._child(self.prompt_cache, domain, "write").inc(written)
-
-    def record_key_wait(self, key: str, outcome: str) -> None:
-        self._child(self.key_waits, key, outcome).inc()
-
-    # -- durable state (the database and the usage ledger) ---------------------------------
-    def _add_durable_state(self, r: CollectorRegistry) -> None:
-        self.database_up = Gauge(
-            "tokengate_database_up",
-            "1 when the database (SQLite file or PostgreSQL) answered the last call.",
-            registry=r,
-            multiprocess_mode="livemin",
-        )
-        self.ledger_flush = Histogram(
-            "tokengate_ledger_flush_seconds",
-            "Time to write one ledger flush (one transaction) to the database.",
-            buckets=_QUEUE,
-            registry=r,
-        )
-        self.ledger_flush_failures = Counter(
-            "tokengate_ledger_flush_failures",
-            "Ledger flushes that failed (kept in memory and retried).",
-            registry=r,
-        )
-        self.ledger_backlog = Gauge(
-            "tokengate_ledger_backlog_rows",
-            "Ledger rows settled but not yet written to the database.",
-            registry=r,
-            multiprocess_mode="livesum",
-        )
-        self.ledger_dropped = Counter(
-            "tokengate_ledger_dropped",
-            "Ledger entries dropped because the buffer was full (ledger.max_buffered_rows) "
-            "while the database was unreachable.",
-            registry=r,
-        )
-
-    def set_database_up(self, up: bool) -> None:
-        self.database_up.set(1 if up else 0)
-
-    def record_ledger_flush(self, seconds: float, rows: int, ok: bool) -> None:
-        if ok:
-            self.ledger_flush.observe(seconds)
-        else:
-            self.ledger_flush_failures.inc()
-
-    def set_ledger_backlog(self, rows: int) -> None:
-        self.ledger_backlog.set(rows)
-
-    def record_ledger_dropped(self) -> None:
-        self.ledger_dropped.inc()
-
-    # -- cost and budgets ----------------------------------------------------------------
-    def _add_spend(self, r: CollectorRegistry) -> None:
-        self.cost = Counter(
-            "tokengate_cost",
-            "Spend in billing.currency units (from billing.prices; failed attempts' tokens "
-            "included), by key and model. Exact figures are in the ledger (/admin/usage).",
-            ["key", "model"],
-            registry=r,
-        )
-        self.unpriced = Counter(
-            "tokengate_unpriced_requests",
-            "Requests that consumed tokens on a model without a price (cost unknown).",
-            ["model"],
-            registry=r,
-        )
-        self.budget_used = Gauge(
-            "tokengate_budget_used_ratio",
-            "Spend of a budget's current period over its limit (1 = spent), by scope "
-            "(key|team), name, period (day|week|month|total) and metric (cost|tokens).",
-            ["scope", "name", "period", "metric"],
-            registry=r,
-            multiprocess_mode="livemax",
-        )
-        self.budget_exceeded = Counter(
-            "tokengate_budget_exceeded",
-            "Requests refused because a budget had no room for them (429 budget_exceeded).",
-            ["scope", "name", "budget"],
-            registry=r,
-        )
-        self.deferred = Counter(
-            "tokengate_deferred",
-            "Deferred work by kind (batch: a Batch API job; response: a held background "
-            "response) and outcome: held for an off-peak window, released in it (or on idle "
-            "quota), early_released so as not to miss its deadline.",
-            ["outcome", "kind"],
-            registry=r,
-        )
-
-    def record_spend(self, key: str, model: str | None, nanos: int | None) -> None:
-        m = self.model_label(model)
-        if nanos is None:
-            self._tally(self.unpriced, m).inc()
-        elif nanos:
-            self._tally(self.cost, key, m).inc(nanos / 1e9)
-
-    def set_budget_used(
-        self, scope: str, name: str, period: str, metric: str, ratio: float
-    ) -> None:
-        self._child(self.budget_used, scope, name, period, metric).set(ratio)
-
-    def record_budget_exceeded(self, scope: str, name: str, budget: str) -> None:
-        self._child(self.budget_exceeded, scope, name, budget).inc()
-
-    def record_deferred(self, outcome: str, kind: str = "batch") -> None:
-        """Deferred work (`kind`: batch | response) held for an off-peak window (`held`),
-        or let go: `released` in the window, `early_released` before it (its deadline would
-        be missed)."""
-        self._child(self.deferred, outcome, kind).inc()
 
     # -- exposition ---------------------------------------------------------------------
     def render(self) -> bytes:

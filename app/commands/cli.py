@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_listen(serve)
     serve.add_argument("--workers", type=int, default=int(os.environ.get("TOKENGATE_WORKERS", "1")))
 
-    from app.sim.cli import add_arguments as add_sim_arguments
+    from app.commands.sim import add_arguments as add_sim_arguments
 
     add_sim_arguments(sub.add_parser("sim", help="run the simulated OpenAI-compatible upstream"))
 
@@ -159,12 +159,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "sim":
-        from app.sim.cli import run as run_sim
+        from app.commands.sim import run as run_sim
 
         code: int = run_sim(args)
         return code
     if args.command == "check":
-        from app.check import run_check
+        from app.commands.check import run_check
 
         return run_check(
             _files(args),
@@ -175,18 +175,18 @@ def _dispatch(args: argparse.Namespace) -> int:
             no_auth=args.no_auth,
         )
     if args.command == "keys":
-        from app.keys import new
+        from app.commands.keys import new
 
         print(new(args.alias))
         return 0
     if args.command == "db":
         return _db(args)
     if args.command == "usage":
-        from app.report import run as run_usage
+        from app.commands.usage_report import run as run_usage
 
         return run_usage(args)
     if args.command == "audit":
-        from app.changelog import run as run_audit
+        from app.commands.changelog import run as run_audit
 
         return run_audit(args)
     if args.command == "config-reference":
@@ -214,12 +214,12 @@ def _serve(args: argparse.Namespace) -> int:
     problem = output_problem(runtime.settings.logging.output, runtime.source)
     if problem is not None:
         raise ConfigError([problem])
-    from app.db.commands import prepare_for_serve
+    from app.commands.db import prepare_for_serve
 
     prepare_for_serve(runtime.settings)  # reachable, schema at head (an empty one created)
     os.environ["TOKENGATE_CONFIG"] = str(files.config)
     os.environ["TOKENGATE_SETTINGS"] = str(files.settings)
-    from app.server import run_server
+    from app.commands.serve import run_server
 
     if args.workers == 1:
         return run_server(runtime, args.host, args.port)
@@ -240,8 +240,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _db(args: argparse.Namespace) -> int:
+    from app.commands.db import run
     from app.config.sources import load_settings, secret_environ
-    from app.db.commands import run
 
     return run(args, load_settings(_files(args), secret_environ()))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app.log import redacted_url
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 CLAUDE = ROOT / ".cache/claude-code/node_modules/.bin/claude"
 CODEX = ROOT / ".cache/npm/node_modules/.bin/codex"
 MODEL = "claude-sonnet"  # the seed's default route; the sim serves it

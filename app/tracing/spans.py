@@ -9,8 +9,9 @@
                                                      upstream as `traceparent`
 
 A client's W3C `traceparent` (and `tracestate`) is continued: the request span is its
-child. Off (the default), `build` returns None and nothing here runs: OpenTelemetry is
-not even imported (`app.otel` is the one module that imports it), and the pipeline pays
+child. Off (the default), `app.tracing.build` returns None and nothing here runs:
+OpenTelemetry is not even imported (`app.tracing.otel` is the one module that imports
+it), and the pipeline pays
 one `is None` test at each of its four call points. Spans carry aliases, names and
 numbers only: never a key, a prompt or an answer.
 """
@@ -20,9 +21,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Protocol
-
-from app.config.errors import ConfigError, Problem
-from app.config.schema import TracingConfig
 
 
 class TraceLike(Protocol):
@@ -77,27 +75,6 @@ class Tracer(Protocol):
     def shutdown(self) -> None:
         """Export what is buffered (blocking: the gateway runs it in a thread)."""
         ...
-
-
-def build(cfg: TracingConfig, source: str = "settings") -> Tracer | None:
-    """The configured tracer, or None when tracing is off (nothing imported then)."""
-    if not cfg.enabled:
-        return None
-    try:
-        from app.otel import OtelTracer
-    except ImportError as exc:
-        raise ConfigError(
-            [
-                Problem(
-                    source,
-                    "tracing.enabled",
-                    f"OpenTelemetry is not installed ({exc.name})",
-                    "pip install 'tokengate[otel]' (the container image has it), or set "
-                    "tracing.enabled = false",
-                )
-            ]
-        ) from None
-    return OtelTracer(cfg)
 
 
 # What the GenAI semantic conventions call each endpoint (`gen_ai.operation.name`).

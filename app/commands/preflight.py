@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import httpx
 
 from app import listen
+from app.commands.db import open_database
 from app.config.schema import Settings
 from app.db import migrate
-from app.db.commands import open_database
 from app.db.engine import DatabaseUnavailable
 from app.db.errors import DatabaseProblem
 from app.log import output_problem
@@ -60,7 +60,7 @@ def listening(host: str, port: int) -> Finding:
 
 
 async def _database(settings: Settings) -> Finding:
-    """The check `serve` makes before it binds (`app.db.commands.prepare_for_serve`),
+    """The check `serve` makes before it binds (`app.commands.db.prepare_for_serve`),
     without creating anything: an empty database is fine, `serve` creates its schema."""
     try:
         db = open_database(settings)

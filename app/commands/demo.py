@@ -10,8 +10,8 @@ default model, and where logs and state go (var/). Every `TOKENGATE_*` variable 
 user's shell wins over these defaults and is listed. Both ports are checked first: a
 taken one stops the demo before anything starts, naming it. Once the gateway answers
 the demo key, prints the gateway's banner, the status page's address and the snippets
-of `app.demo_text` (curl, the SDKs, a tool round trip, Claude Code, Codex, readiness,
-metrics, `tokengate check`), each of which runs as printed from the repository's root,
+of `app.commands.demo_text` (curl, the SDKs, a tool round trip, Claude Code, Codex,
+readiness, metrics, `tokengate check`), each of which runs as printed from the repository's root,
 then waits for Ctrl-C. `--smoke` runs one SDK call itself and exits with its result
 (used by the tests).
 """
@@ -30,10 +30,11 @@ from pathlib import Path
 
 import httpx
 
-from app import demo_text, listen
+from app import listen
 from app.auth import digest, new_key
+from app.commands import demo_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 VAR = ROOT / "var"
 HOST = "127.0.0.1"
 
@@ -146,7 +147,7 @@ def _environment(
 def _start(
     port: int, sim_port: int, env: dict[str, str], upstream_key: str
 ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
-    cli = [sys.executable, "-m", "app.cli"]
+    cli = [sys.executable, "-m", "app.commands.cli"]
     sim_cmd = [*cli, "sim", "--port", str(sim_port), "--api-key", upstream_key]
     with open(VAR / "demo-sim.log", "ab") as sim_log, open(VAR / "demo-serve.log", "wb") as out:
         sim = subprocess.Popen(

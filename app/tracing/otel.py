@@ -29,7 +29,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from app.config.schema import TracingConfig
 from app.errors import GatewayError
-from app.tracing import TraceLike, operation
+from app.tracing.spans import TraceLike, operation
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _PROVIDERS = {False: "openai", True: "anthropic"}  # gen_ai.provider.name by dialect

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from app import banner
 from app.bootstrap import setup_process
+from app.commands import banner
 from app.listen import AddressInUse, bind
 from app.runtime import Runtime
 from app.signals import exit_cleanly

@@ -5,7 +5,7 @@ key, model route, scheduler parameters):
 
   1. configuration: both files and the environment load (else exit 2), and what
      `serve` needs is there: the log output, the listening address, the state stores
-     (`app.preflight`, the same code `serve` runs);
+     (`app.commands.preflight`, the same code `serve` runs);
   2. `GET /v1/models` with the key: 200, and every routed/aliased model is listed;
   3. a minimal chat completion (`ping`, `max_tokens: 8`) returns `choices` and usage;
   4. 16 concurrent probes from 8 workers: `16/16 ok`, usage adding up, then whether
@@ -31,12 +31,12 @@ import httpx
 
 from app.billing.prices import PriceList
 from app.billing.timetable import Timetable
+from app.commands.preflight import findings
 from app.config.errors import ConfigError
 from app.config.schema import Settings
 from app.config.sources import PLACEHOLDER, ConfigFiles, load_settings, secret_environ
 from app.config.variables import warnings
 from app.log import Redactor, redacted_url
-from app.preflight import findings
 from app.runtime import Runtime, compile_runtime
 from app.upstream import cause
 
@@ -388,7 +388,7 @@ def _key_variables(settings: Settings) -> set[str]:
 
 
 def _serve_needs(runtime: Runtime, host: str, port: int, *, no_auth: bool) -> bool:
-    """What `serve` checks at start, checked now (`app.preflight`); False if it would
+    """What `serve` checks at start, checked now (`app.commands.preflight`); False if it would
     refuse to start."""
     _say(f"      what `tokengate serve --host {host} --port {port}` needs:")
     found = asyncio.run(findings(runtime, host, port))
