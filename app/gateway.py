@@ -77,6 +77,7 @@ from app.upstream.websocket import SocketDialer
 log = logging.getLogger("tokengate.gateway")
 SETTLE_WAIT_SEC = 2.0  # longest /admin/usage waits for settles still running
 LEDGER_MAINTENANCE_TICKS = 60  # housekeeping ticks (seconds) between ledger roll-ups
+TASKS_WAIT_SEC = 5.0  # how long shutdown waits for background tasks before cancelling them
 AUDIT_TICKS = 5  # ... between audit upkeeps (expired keys, retention, the recent changes)
 TransportFactory = Callable[[DomainSpec], Transport]
 
@@ -409,8 +410,7 @@ class Gateway:
         await _closing("alert delivery", self.alerts.close())
         for domain in self.domains:
             await _closing(f"domain {domain.name} dispatcher", domain.dispatcher.stop())
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5)
+        await self._finish_tasks()
         await _closing("ledger flush", self.ledger.close())  # every settled request on the books
         await _closing("shared store", self.store.close())
         await _closing("database", self.db.close())
@@ -420,6 +420,20 @@ class Gateway:
             await _closing("upstream WebSocket dialer", self.socket_dialer.close())
         if self.tracer is not None:  # the spans still buffered leave now (blocking: a thread)
             await _closing("trace export", asyncio.to_thread(self.tracer.shutdown))
+
+    async def _finish_tasks(self) -> None:
+        """Let the background tasks (settles, audit writes) finish, briefly; cancel what is
+        left and wait for it to unwind, so that none still holds a database connection
+        when the database closes (one that did kept its driver's thread running into a
+        closed event loop)."""
+        if not self._tasks:
+            return
+        _, late = await asyncio.wait(set(self._tasks), timeout=TASKS_WAIT_SEC)
+        if late:
+            log.warning("%d background task(s) still running at shutdown: cancelled", len(late))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

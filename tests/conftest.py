@@ -24,6 +24,21 @@ from tests.support.procs import (
     start_gateway,
     start_sim,
 )
+from tests.support.waiting import sqlite_threads
+
+
+@pytest.fixture(autouse=True)
+def _no_sqlite_connection_left_open() -> Iterator[None]:
+    """A test ends with every SQLite connection it opened closed. One left open (a task
+    still writing when its gateway or database closed) kept its driver's thread running
+    past the test's event loop, and its late answer failed whichever test ran next."""
+    before = sqlite_threads()
+    yield
+    left = sqlite_threads() - before
+    for thread in left:
+        thread.join(timeout=5)  # a connection being closed ends its thread by itself
+    open_ = [t.name for t in left if t.is_alive()]
+    assert not open_, f"SQLite connection(s) left open by this test: {open_}"
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -47,3 +48,19 @@ async def eventually(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+def sqlite_threads() -> set[threading.Thread]:
+    """The worker threads of open aiosqlite connections (one per connection)."""
+    return {t for t in threading.enumerate() if t.name.endswith("(_connection_worker_thread)")}
+
+
+async def sqlite_threads_ended(before: set[threading.Thread]) -> None:
+    """Wait, on the test's own loop, for the aiosqlite threads started since `before` to
+    end. A connection that failed to open stops its thread without awaiting it: if the
+    test's loop closed first, the thread's last answer hit a closed loop and pytest
+    charged that to whichever test ran next."""
+    await eventually(
+        lambda: not any(t.is_alive() for t in sqlite_threads() - before),
+        "the failed SQLite connections' threads to end",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -92,3 +93,32 @@ async def test_every_close_error_at_shutdown_is_logged_and_the_rest_still_closes
 def test_the_failure_counter_starts_absent() -> None:
     metrics = Metrics(new_registry())
     assert "tokengate_housekeeping_failures_total{" not in metrics.render().decode()
+
+
+async def test_shutdown_cancels_a_background_task_before_the_database_closes(
+    make_local_gateway: MakeGateway,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A background task (a settle, an audit write) still running when the patience for
+    # them runs out used to be left running: the database closed under it, and its
+    # driver's thread answered into a closed event loop.
+    monkeypatch.setattr("app.gateway.TASKS_WAIT_SEC", 0.0)
+    gateway = make_local_gateway()
+    await gateway.start()
+    unwound: list[str] = []
+
+    async def slow_write() -> None:
+        try:
+            async with gateway.db.engine.connect() as conn:
+                await asyncio.Event().wait()  # holds the connection until cancelled
+                await conn.close()
+        finally:
+            unwound.append("done")
+
+    gateway.spawn(slow_write())
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING, logger="tokengate.gateway"):
+        await gateway.close()
+    assert unwound == ["done"]  # cancelled and unwound, its connection given back
+    assert "1 background task(s) still running at shutdown: cancelled" in caplog.messages

@@ -16,6 +16,7 @@ from app.db.owners import ResponseOwners
 from app.dispatch.homes import Home, LocalHomes, ResponseHomes
 from app.errors import ServiceUnavailable
 from tests.support.clock import FakeClock
+from tests.support.waiting import sqlite_threads, sqlite_threads_ended
 
 A = Home("dom-a", "alice")
 
@@ -66,6 +67,7 @@ async def test_owners_expire_and_are_pruned(db: Database) -> None:
 async def test_an_unreachable_database_refuses_what_the_cache_can_not_vouch_for(
     tmp_path: Path,
 ) -> None:
+    before = sqlite_threads()
     down = Database(DatabaseConfig(path=str(tmp_path / "missing" / "x.sqlite3")))
     await down.close()
     homes = ResponseHomes(LocalHomes(10, 60), ResponseOwners(down, 3600))
@@ -76,3 +78,4 @@ async def test_an_unreachable_database_refuses_what_the_cache_can_not_vouch_for(
     with pytest.raises(ServiceUnavailable):
         await homes.where("resp_2")
     await down.close()  # the statements above opened connections again: none left running
+    await sqlite_threads_ended(before)
