@@ -80,6 +80,20 @@ def test_a_close_mid_stream_is_answered_and_the_turn_charged_what_was_streamed(
     assert row["requests"] == 1 and row["failed_completion_tokens"] >= 1  # what was streamed
 
 
+def test_a_close_with_the_answer_unread_is_answered(sim: Sim, make_gateway: Make) -> None:
+    """The report's case: the whole (fast) answer is sent before the close arrives."""
+    gw = make_gateway(GatewaySpec(), sim.url)
+    with _connect(gw) as conn:
+        conn.send(ASK)
+        assert json.loads(conn.recv(timeout=60))["type"] == "response.created"
+        conn.close()
+        answered = conn.protocol.close_rcvd
+    assert answered is not None and answered.code == 1000
+    wait_until(lambda: len(gw.access()) == 1, "the access line")
+    # ended (200) or cut at its last events (499, the close raced them): logged once
+    assert gw.access()[0]["status"] in (200, 499)
+
+
 def test_a_close_while_the_upstream_has_not_answered_is_answered_and_cancels_it(
     sim: Sim, make_gateway: Make
 ) -> None:
