@@ -11,7 +11,11 @@ Accepted, the connection is two tasks in one `TaskGroup` (they end together, no 
 outlives the connection): the reader takes client frames into a short inbox, and the
 worker answers them one at a time through a `SocketSession`. A client that leaves cancels
 the worker, which cancels its queued or streaming request like an HTTP disconnect does
-(slot freed, upstream closed, key charged what was streamed). While the gateway drains,
+(slot freed, upstream closed, key charged what was streamed). The client's close frame is
+answered by uvicorn's protocol itself (`ws="auto"` is websockets-sansio), at once and
+whatever the worker is doing; the reader then gets `websocket.disconnect` (a dropped TCP
+connection gives one too), and a send after it raises, so the turn ends either way
+(tests/e2e/test_socket_close.py). While the gateway drains,
 the worker closes the socket (1001) after the response in flight: the client reconnects,
 to a live replica, and sends its whole conversation again.
 
