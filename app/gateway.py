@@ -42,7 +42,7 @@ from app.billing.periods import Calendar
 from app.billing.shared_spend import SharedSpend
 from app.billing.spend import SpendGate
 from app.config.effects import pin_restart
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.schema import Settings
 from app.db import migrate
 from app.db.alertbook import AlertBook
