@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from app.config.errors import ConfigError, Problem
+from app.config.problems import ConfigError, Problem
 from app.config.schema import LoggingConfig
 
 _TOKEN_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{6,}|\b(sk|tg|tk)-[A-Za-z0-9_-]{8,}")

@@ -33,7 +33,8 @@ from app.api.browser import BrowserGuard
 from app.api.disconnect import CancelOnDisconnect
 from app.api.edge import ROUTES, EdgeRoutes
 from app.api.middleware import RequestContext
-from app.gateway import Gateway, TransportFactory
+from app.assembly import TransportFactory
+from app.gateway import Gateway
 from app.limits.limit_store import LimitStore
 from app.metrics import Metrics, new_registry
 from app.runtime import Runtime

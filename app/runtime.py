@@ -24,7 +24,7 @@ from pydantic import SecretStr
 from app.billing.budget_rules import Budget
 from app.billing.prices import to_nanos
 from app.config.cluster import HeaderPolicyConfig
-from app.config.errors import ConfigError, Problem
+from app.config.problems import ConfigError, Problem
 from app.config.schema import BudgetConfig, KeyConfig, ScaleUpConfig, Settings
 from app.kinds import ApiStyle, BudgetScope, Priority, ServiceTier
 

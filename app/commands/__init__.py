@@ -8,6 +8,6 @@ check.py       `check`: the configuration, then the chain end to end (preflight.
                what `serve` checks before it binds)
 sim.py         `sim`: the simulated upstream's flags
 db.py          `db upgrade | current | check | backup | prune`
-usage_report.py  `usage`; changelog.py: `audit`; keys.py: `keys new`
+report.py      `usage`; changelog.py: `audit`; keys.py: `keys new`
 demo.py        `make demo` (demo_text.py: what it prints)
 """

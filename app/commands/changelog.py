@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from app.commands.usage_report import instant, message
+from app.commands.report import instant, message
 
 _COLUMNS = ("at", "actor", "action", "target", "before", "after")
 _WIDEST = 60  # a before/after wider than this is cut in the table (JSON shows it whole)

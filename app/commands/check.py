@@ -32,7 +32,7 @@ import httpx
 from app.billing.prices import PriceList
 from app.billing.timetable import Timetable
 from app.commands.preflight import findings
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.schema import Settings
 from app.config.sources import PLACEHOLDER, ConfigFiles, load_settings, secret_environ
 from app.config.variables import warnings

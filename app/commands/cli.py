@@ -14,9 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.sources import ConfigFiles, default_files
-from app.db.errors import DatabaseProblem
+from app.db.unusable import DatabaseProblem
 
 
 def _files(args: argparse.Namespace) -> ConfigFiles:
@@ -182,7 +182,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "db":
         return _db(args)
     if args.command == "usage":
-        from app.commands.usage_report import run as run_usage
+        from app.commands.report import run as run_usage
 
         return run_usage(args)
     if args.command == "audit":

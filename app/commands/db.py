@@ -22,9 +22,9 @@ from pathlib import Path
 from app.config.schema import Settings
 from app.db import migrate
 from app.db.engine import Database, DatabaseUnavailable
-from app.db.errors import DatabaseProblem
 from app.db.owners import ResponseOwners
 from app.db.private import private_file
+from app.db.unusable import DatabaseProblem
 from app.db.usage import UsageBook
 
 

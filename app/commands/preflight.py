@@ -23,7 +23,7 @@ from app.commands.db import open_database
 from app.config.schema import Settings
 from app.db import migrate
 from app.db.engine import DatabaseUnavailable
-from app.db.errors import DatabaseProblem
+from app.db.unusable import DatabaseProblem
 from app.log import output_problem
 from app.runtime import Runtime
 from app.state.link import connect, describe

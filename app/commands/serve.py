@@ -112,7 +112,7 @@ def _supervisor(runtime: Runtime) -> Any:
     from uvicorn.supervisors import Multiprocess
 
     from app.bootstrap import reload_runtime
-    from app.config.errors import ConfigError
+    from app.config.problems import ConfigError
     from app.metrics import mark_process_dead
     from app.reload import describe_reload, log_reload
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from pydantic import BaseModel, SecretStr
 
-from app.config.errors import Problem
+from app.config.problems import Problem
 
 Loc = tuple[str | int, ...]
 

@@ -1,6 +1,6 @@
 """How each setting takes effect on a reload (SIGHUP): the one declaration.
 
-Both sides of a reload read this table: `Gateway.reload` runs on the new value of every
+Both sides of a reload read this table: `app.reload.apply_reload` runs on the new value of every
 `LIVE` setting and keeps the running value of every `RESTART` one (`pin_restart`), and
 the report (`app.reload.describe_reload`) names each change by the same verdict. So the
 report cannot say "applied" for a value the process does not run on, nor "restart
@@ -27,7 +27,7 @@ from app.config.schema import Settings
 class Effect(StrEnum):
     LIVE = "live"  # the running process takes the new value
     RESTART = "restart"  # read once at start: the running value stays until a restart
-    PER_DOMAIN = "per domain"  # re-points domains: `Gateway.reload` judges each domain
+    PER_DOMAIN = "per domain"  # re-points domains: `apply_reload` judges each domain
     INERT = "inert"  # read by nothing: informational, or deprecated and ignored
 
 
@@ -53,7 +53,7 @@ EFFECTS: Mapping[str, Effect] = MappingProxyType(
         "token_scheduler.flex_max_queue_wait_ms": L,
         "token_scheduler.max_inflight": L,
         # Each domain's limits, models, key and in-flight cap apply; adding, removing or
-        # re-pointing a domain is named by `Gateway.reload` as needing a restart.
+        # re-pointing a domain is named by `apply_reload` as needing a restart.
         "scale_up": L,
         "scale_out.enabled": N,
         "scale_out.protocol": N,

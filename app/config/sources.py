@@ -36,7 +36,7 @@ from pydantic_settings import (
 )
 
 from app.config.blank import blank_secrets
-from app.config.errors import ConfigError, Problem
+from app.config.problems import ConfigError, Problem
 from app.config.schema import Settings
 
 ENV_PREFIX = "TOKENGATE_"

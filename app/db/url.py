@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
 
-from app.config.errors import ConfigError, Problem
+from app.config.problems import ConfigError, Problem
 from app.config.schema import DatabaseConfig
 
 _POSTGRES = {"postgres", "postgresql", "postgresql+asyncpg"}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from app.config.errors import ConfigError, Problem
+from app.config.problems import ConfigError, Problem
 from app.config.schema import TracingConfig
 from app.tracing.spans import (
     OPERATIONS,

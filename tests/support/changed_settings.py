@@ -84,6 +84,7 @@ NEW: dict[str, Any] = {
     "server.max_headers": 64,
     "server.drain_timeout_sec": 20,
     "server.drain_delay_sec": 1,
+    "server.worker_start_timeout_sec": 45,
     "server.websocket_idle_timeout_sec": 200,
     "server.max_websockets_per_key": 8,
     "server.allowed_origins": ["https://ops.example"],

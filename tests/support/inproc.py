@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Message
 
+from app.assembly import TransportFactory
 from app.config.schema import Settings
 from app.db import migrate
 from app.db.usage import UsageQuery
-from app.gateway import Gateway, TransportFactory
+from app.gateway import Gateway
 from app.upstream.client import HttpxTransport
 from app.upstream.transport import Timeouts
 

@@ -1,4 +1,5 @@
-"""Unit-test fixtures: a clean environment, a fake clock, in-process gateways.
+"""Unit-test fixtures: a clean environment, a migrated database, a fake clock, in-process
+gateways.
 
 `make_local_gateway(settings, handler=...)` builds a `Gateway` on the given settings
 (see `tests.support.inproc.local_settings` for what is filled in), with the upstream an
@@ -15,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from app.config.schema import DatabaseConfig
+from app.db import migrate
+from app.db.engine import Database
 from app.gateway import Gateway
 from app.limits.limit_store import MemoryStore
 from app.metrics import Metrics, new_registry
@@ -30,6 +34,15 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith(("TOKENGATE_", "PROMETHEUS_MULTIPROC")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-unit-upstream")
+
+
+@pytest.fixture
+async def db(database_cfg: DatabaseConfig) -> AsyncIterator[Database]:
+    """A migrated database, on SQLite and on PostgreSQL (`database_cfg`)."""
+    database = Database(database_cfg)
+    await migrate.prepare(database)
+    yield database
+    await database.close()
 
 
 @pytest.fixture

@@ -311,6 +311,30 @@ def test_every_relative_link_and_anchor_lands() -> None:
     assert not wrong, wrong
 
 
+# `app/x.py`, `tests/y/test_z.py::test_name`, `app/room/`: not `/app/...` (a container path)
+CODE_PATH = re.compile(r"(?<![\w/.-])((?:app|tests)/[\w/.]*[\w/])(?:::(\w+))?")
+GENERATED = "tests/bench/results"  # what `make bench` writes (not in git)
+DEPLOY_TEXTS = sorted(
+    p for p in (ROOT / "deploy").rglob("*") if p.suffix in {".md", ".yml", ".yaml"}
+)
+
+
+def test_every_module_and_test_named_in_the_docs_exists() -> None:
+    """A path into the code (or a test by its name) in README.md, docs/ or deploy/ names a
+    file, a room or a test that is there: a move or a rename updates the text with it."""
+    wrong = []
+    for doc in [*DOCS, *DEPLOY_TEXTS]:
+        for path, test in CODE_PATH.findall(doc.read_text()):
+            if path.startswith(GENERATED):
+                continue
+            where = ROOT / path.rstrip("/.")
+            if not where.exists():
+                wrong.append(f"{doc.name}: {path} (no such file or directory)")
+            elif test and not re.search(rf"^(async )?def {test}\(", where.read_text(), re.M):
+                wrong.append(f"{doc.name}: {path}::{test} (no such test)")
+    assert not wrong, wrong
+
+
 def test_the_readme_is_a_way_in_not_the_reference() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 300

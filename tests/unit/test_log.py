@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.schema import LoggingConfig
 from app.log import JsonFormatter, Redactor, redacted_url, setup_logging
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.schema import TracingConfig
 from app.tracing import build, operation
 from tests.support.procs import ROOT

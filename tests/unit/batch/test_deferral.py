@@ -100,7 +100,7 @@ def test_a_domain_may_choose_for_the_work_it_serves_and_a_key_overrides_it() -> 
 
 
 def test_a_domain_naming_an_unknown_window_is_refused_at_start() -> None:
-    from app.config.errors import ConfigError
+    from app.config.problems import ConfigError
     from app.runtime import compile_runtime
 
     settings = Settings.model_validate(

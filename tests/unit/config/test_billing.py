@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.sources import load_settings
 from app.runtime import compile_runtime
 from tests.unit.config.test_sources import files

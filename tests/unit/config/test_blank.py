@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.sources import ConfigFiles, load_settings
 from app.runtime import compile_runtime
 

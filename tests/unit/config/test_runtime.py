@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.schema import Settings
 from app.runtime import compile_runtime
 

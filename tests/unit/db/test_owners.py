@@ -4,22 +4,10 @@ driver connection fails (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
-from app.config.schema import DatabaseConfig
-from app.db import migrate
 from app.db.engine import Database
 from app.db.owners import Owner, ResponseOwners
-
-
-@pytest.fixture
-async def db(database_cfg: DatabaseConfig) -> AsyncIterator[Database]:
-    database = Database(database_cfg)
-    await migrate.prepare(database)
-    yield database
-    await database.close()
 
 
 async def _never(*_: object) -> None:

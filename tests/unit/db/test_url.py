@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.schema import DatabaseConfig
 from app.db.engine import Database, DatabaseUnavailable
 from app.db.url import database_url, postgres_url, url_secrets, where

@@ -4,13 +4,11 @@ database behind it (SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from app.config.schema import DatabaseConfig
-from app.db import migrate
 from app.db.engine import Database
 from app.db.owners import ResponseOwners
 from app.dispatch.homes import Home, LocalHomes, ResponseHomes
@@ -30,14 +28,6 @@ def test_local_entries_expire_and_the_least_recent_goes_first(clock: FakeClock) 
     assert homes.where("r2") is None and homes.where("r1") == A and len(homes) == 2
     clock.advance(10)
     assert homes.where("r1") is None and homes.where("r3") is None
-
-
-@pytest.fixture
-async def db(database_cfg: DatabaseConfig) -> AsyncIterator[Database]:
-    database = Database(database_cfg)
-    await migrate.prepare(database)
-    yield database
-    await database.close()
 
 
 async def test_what_one_process_forgot_the_database_still_knows(db: Database) -> None:

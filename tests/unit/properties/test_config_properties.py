@@ -21,7 +21,7 @@ import tomli_w
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.config.errors import ConfigError
+from app.config.problems import ConfigError
 from app.config.schema import Settings
 from app.config.sources import ConfigFiles, load_settings
 from app.runtime import Runtime, compile_runtime

@@ -12,7 +12,7 @@ from app.config.cluster import HeaderPolicyConfig, ScaleUpConfig
 from app.runtime import DomainSpec
 from app.upstream.betas import MAX_REFUSED, HeaderPolicies, ValuePolicy, error_message
 from app.upstream.client import HttpxTransport, UpstreamClient
-from app.upstream.transport import Timeouts
+from app.upstream.transport import Timeouts, UpstreamResponse
 
 CLAUDE = "claude-code-20250219,interleaved-thinking-2025-05-14,context-1m-2026-03-01"
 REFUSAL = (
@@ -149,28 +149,27 @@ def client(
     return UpstreamClient(spec(**headers), transport, lambda d, h: refused.append((d, h)))
 
 
+async def send(c: UpstreamClient, *, stream: bool = False) -> UpstreamResponse:
+    """One Messages request from Claude Code: its `anthropic-beta` list, an empty body."""
+    return await c.send(
+        "/v1/messages",
+        b"{}",
+        stream=stream,
+        request_id="r",
+        client_headers={"anthropic-beta": CLAUDE},
+    )
+
+
 async def test_a_refused_beta_is_sent_again_once_without_it_counted_and_remembered() -> None:
     upstream = Strict({"claude-code-20250219", "interleaved-thinking-2025-05-14"})
     refused: list[tuple[str, str]] = []
     c = client(upstream, refused)
-    resp = await c.send(
-        "/v1/messages",
-        b"{}",
-        stream=False,
-        request_id="r",
-        client_headers={"anthropic-beta": CLAUDE},
-    )
+    resp = await send(c)
     assert resp.status == 200
     assert upstream.seen == [CLAUDE, "claude-code-20250219,interleaved-thinking-2025-05-14"]
     assert refused == [("strict", "anthropic-beta")]
     # the next request drops it up front: one upstream call, nothing counted
-    resp = await c.send(
-        "/v1/messages",
-        b"{}",
-        stream=False,
-        request_id="r",
-        client_headers={"anthropic-beta": CLAUDE},
-    )
+    resp = await send(c)
     assert resp.status == 200 and len(upstream.seen) == 3 and len(refused) == 1
     await c.close()
 
@@ -179,13 +178,7 @@ async def test_a_400_that_names_no_sent_value_is_relayed_once_with_its_body() ->
     upstream = Strict(set(), message="invalid beta flag")
     refused: list[tuple[str, str]] = []
     c = client(upstream, refused)
-    resp = await c.send(
-        "/v1/messages",
-        b"{}",
-        stream=True,
-        request_id="r",
-        client_headers={"anthropic-beta": CLAUDE},
-    )
+    resp = await send(c, stream=True)
     assert resp.status == 400 and len(upstream.seen) == 1 and refused == []
     assert b"invalid beta flag" in await resp.read()
     await c.close()
@@ -195,13 +188,7 @@ async def test_retry_refused_false_relays_the_400() -> None:
     upstream = Strict(set())
     refused: list[tuple[str, str]] = []
     c = client(upstream, refused, **{"anthropic-beta": HeaderPolicyConfig(retry_refused=False)})
-    resp = await c.send(
-        "/v1/messages",
-        b"{}",
-        stream=False,
-        request_id="r",
-        client_headers={"anthropic-beta": CLAUDE},
-    )
+    resp = await send(c)
     assert resp.status == 400 and len(upstream.seen) == 1 and refused == []
     await c.close()
 
@@ -215,13 +202,7 @@ async def test_the_retry_happens_once_even_if_the_upstream_refuses_again() -> No
 
     upstream = Stubborn(set())
     c = client(upstream, [])
-    resp = await c.send(
-        "/v1/messages",
-        b"{}",
-        stream=False,
-        request_id="r",
-        client_headers={"anthropic-beta": CLAUDE},
-    )
+    resp = await send(c)
     assert resp.status == 400 and len(upstream.seen) == 2
     await c.close()
 
@@ -229,13 +210,7 @@ async def test_the_retry_happens_once_even_if_the_upstream_refuses_again() -> No
 async def test_a_configured_allow_list_is_applied_before_the_first_send() -> None:
     upstream = Strict({"claude-code-20250219"})
     c = client(upstream, [], **{"anthropic-beta": HeaderPolicyConfig(allow=["claude-code-*"])})
-    resp = await c.send(
-        "/v1/messages",
-        b"{}",
-        stream=False,
-        request_id="r",
-        client_headers={"anthropic-beta": CLAUDE},
-    )
+    resp = await send(c)
     assert resp.status == 200 and upstream.seen == ["claude-code-20250219"]
     await c.close()
 
