@@ -32,7 +32,7 @@ from app.metrics import Metrics
 from app.pipeline.accounting import NO_DOMAIN, access_log
 from app.pipeline.trace import Trace
 from app.runtime import KeySpec
-from app.status.recent import Failure
+from app.status.recent import RecentFailure
 
 ANONYMOUS = "anonymous"
 _LEFT = "the client closed the connection before the answer ended"
@@ -99,7 +99,7 @@ class AccessRecorder:
         self.metrics.record_refused(NO_DOMAIN, note.model, code)
         if code >= 400:  # the status page's recent errors, as the pipeline's are
             message = note.message or (_LEFT if status is None else f"HTTP {code}")
-            failure = Failure(request_id, note.key, note.model, None, code, error, message)
+            failure = RecentFailure(request_id, note.key, note.model, None, code, error, message)
             self.metrics.record_error(failure)
         if access_log.isEnabledFor(logging.INFO):
             fields = _fields(note, request_id, code, error, ms)

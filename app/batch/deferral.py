@@ -26,7 +26,7 @@ from app.billing.timetable import Timetable
 from app.config.schema import Settings
 
 
-class Decision(NamedTuple):
+class DeferDecision(NamedTuple):
     hold: bool
     window: str | None
     release_at: float | None  # when the window begins (None: in force, or never)
@@ -72,17 +72,17 @@ def decide(
     per_item_sec: float,
     concurrency: int,
     margin: float,
-) -> Decision:
+) -> DeferDecision:
     if window is None or timetable.at(now) == window:
-        return Decision(False, window, None)
+        return DeferDecision(False, window, None)
     starts = timetable.next_start(window, now)
     needed = pending * per_item_sec / max(1, concurrency) + margin
     if starts is None or starts + needed > expires_at:
-        return Decision(False, window, starts, early=True)
-    return Decision(True, window, starts)
+        return DeferDecision(False, window, starts, early=True)
+    return DeferDecision(True, window, starts)
 
 
-def note(batch: dict[str, Any], decision: Decision, now: float) -> bool:
+def note(batch: dict[str, Any], decision: DeferDecision, now: float) -> bool:
     """Record the decision in the batch's `tokengate_deferral`; True if it changed (the
     batch is to be saved, and a held/released/early_released counted)."""
     info = batch.get("tokengate_deferral")

@@ -35,7 +35,7 @@ NO_WINDOW = "-"  # the ledger's window of a request priced outside every window
 _HORIZON_DAYS = 8  # every window recurs within a week: a change, if any, is this close
 
 
-class Change(NamedTuple):
+class WindowChange(NamedTuple):
     at: float  # epoch seconds
     window: str | None  # the window from then on (None: none)
 
@@ -61,13 +61,13 @@ class Timetable:
         local = datetime.fromtimestamp(t, self.zone)
         return self._week[local.weekday() * DAY_MINUTES + local.hour * 60 + local.minute]
 
-    def next_change(self, t: float) -> Change | None:
+    def next_change(self, t: float) -> WindowChange | None:
         """None: the same window (or none) for ever (no windows, or one covering all week)."""
         now = self.at(t)
         for candidate in self._candidates(t):
             found = self.at(candidate)
             if found != now:
-                return Change(candidate, found)
+                return WindowChange(candidate, found)
         return None
 
     def next_start(self, name: str, t: float) -> float | None:

@@ -36,7 +36,7 @@ from app.metrics.agents import AgentFamilies
 from app.metrics.base import LATENCY, QUEUE, UsageLike, multiprocess_enabled
 from app.metrics.costs import CostFamilies
 from app.metrics.durable import DurableFamilies
-from app.status.recent import Failure
+from app.status.recent import RecentFailure
 from app.tally import Tally
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -331,7 +331,7 @@ class Metrics(AgentFamilies, DurableFamilies, CostFamilies):
         if self._ring is not None:
             self._ring.throttled()
 
-    def record_error(self, failure: Failure) -> None:
+    def record_error(self, failure: RecentFailure) -> None:
         """An error answer, for the status page's list of recent errors (no Prometheus
         series: request ids are unbounded labels; the counts are in `requests`)."""
         if self._errors is not None:

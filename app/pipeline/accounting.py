@@ -29,7 +29,7 @@ from app.pipeline.holds import KeyHolds
 from app.pipeline.pricing import Pricing
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
-from app.status.recent import Failure
+from app.status.recent import RecentFailure
 from app.upstream.answer_usage import Usage
 from app.upstream.delivered import delivered_tokens
 
@@ -178,7 +178,7 @@ class Accounting:
             self.metrics.record_answer(domain, model, usage, status, seconds)
         if status >= 400:
             self.metrics.record_error(
-                Failure(
+                RecentFailure(
                     trace.request_id,
                     trace.key,
                     model,

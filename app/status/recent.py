@@ -18,7 +18,7 @@ from typing import NamedTuple
 MAX_MESSAGE = 200
 
 
-class Failure(NamedTuple):
+class RecentFailure(NamedTuple):
     """One error answer, as the pipeline knows it when the request ends."""
 
     request_id: str
@@ -37,11 +37,11 @@ def shorten(message: str, limit: int = MAX_MESSAGE) -> str:
 
 class RecentErrors:
     def __init__(self, size: int = 50, wall: Callable[[], float] = time.time) -> None:
-        self._entries: deque[tuple[float, Failure]] = deque(maxlen=size)
+        self._entries: deque[tuple[float, RecentFailure]] = deque(maxlen=size)
         self.wall = wall
         self.total = 0  # since start, so the page can tell "50 shown of 1234"
 
-    def add(self, failure: Failure) -> None:
+    def add(self, failure: RecentFailure) -> None:
         self.total += 1
         short = failure._replace(message=shorten(failure.message))
         self._entries.append((round(self.wall(), 3), short))

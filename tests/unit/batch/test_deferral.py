@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from app.batch.deferral import Decision, decide, defer_window, note
+from app.batch.deferral import DeferDecision, decide, defer_window, note
 from app.billing.timetable import Timetable
 from app.config.billing import WindowConfig
 from app.config.schema import Settings
@@ -21,7 +21,7 @@ DAY = 86400.0
 def test_held_until_the_window_released_in_it_and_early_when_it_would_miss() -> None:
     held = decide(T, "offpeak", NOON, NOON + DAY, 100, 2.0, 10, 3600)
     assert held.hold and held.release_at == datetime(2026, 12, 5, 16, 30, tzinfo=UTC).timestamp()
-    assert decide(T, "offpeak", EVENING, EVENING + DAY, 100, 2.0, 10, 3600) == Decision(
+    assert decide(T, "offpeak", EVENING, EVENING + DAY, 100, 2.0, 10, 3600) == DeferDecision(
         False, "offpeak", None
     )
     # 4.5 h to the window, 10,000 items at 2 s over 10 slots (2000 s) + 1 h: 5 h is too late

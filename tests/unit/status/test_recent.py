@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.status.recent import MAX_MESSAGE, Failure, RecentErrors
+from app.status.recent import MAX_MESSAGE, RecentErrors, RecentFailure
 
 
 def test_keeps_the_newest_entries_and_counts_them_all() -> None:
     errors = RecentErrors(size=3, wall=lambda: 1_700_000_000.0)
     for i in range(5):
         errors.add(
-            Failure(f"req_{i}", "alice", "gpt-4o", "domain-a", 502, "upstream_error", "boom")
+            RecentFailure(f"req_{i}", "alice", "gpt-4o", "domain-a", 502, "upstream_error", "boom")
         )
     snap: dict[str, Any] = errors.snapshot()
     assert snap["total"] == 5
@@ -30,7 +30,9 @@ def test_keeps_the_newest_entries_and_counts_them_all() -> None:
 
 def test_long_messages_are_flattened_and_shortened() -> None:
     errors = RecentErrors()
-    errors.add(Failure("r", "k", None, None, 400, None, "line one\n\n  line two " + "x" * 500))
+    errors.add(
+        RecentFailure("r", "k", None, None, 400, None, "line one\n\n  line two " + "x" * 500)
+    )
     snap: dict[str, Any] = errors.snapshot()
     (entry,) = snap["recent"]
     assert entry["message"].startswith("line one line two x")
