@@ -23,7 +23,10 @@ from app.upstream.attempt import AttemptFailed
 from app.upstream.transport import Transport, UpstreamResponse
 
 T = TypeVar("T")
-WAIT = 1.0  # the most any condition in these tests may take to come true
+# The most any condition in these tests may take to come true: a bound on what does
+# happen, so generous (a loaded machine took more than the 1 s this once was), and never
+# what a test waits out: a condition that holds returns at once.
+WAIT = 30.0
 
 
 # -- a scriptable loopback upstream ------------------------------------------------------------

@@ -15,6 +15,8 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
+from tests.support.waiting import PATIENCE
+
 
 class Served:
     def __init__(self, app: ASGIApp) -> None:
@@ -41,7 +43,7 @@ class Served:
         )
         server = self._server = uvicorn.Server(config)
         self._task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(PATIENCE):
             while not server.started:
                 if self._task.done():  # startup failed: raise what it raised
                     await self._task
@@ -52,5 +54,5 @@ class Served:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None and self._task is not None
         self._server.should_exit = True
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(PATIENCE):
             await self._task
