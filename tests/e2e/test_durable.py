@@ -52,11 +52,7 @@ def replicas(tmp_path: Path, postgres: Postgres) -> Iterator[Callable[..., list[
             start_gateway(tmp_path / f"replica{i}", spec, upstream, wait=False) for i in range(n)
         ]
         started.extend(gws)
-        for gw in gws:
-            from tests.support.procs import wait_http
-
-            wait_http(f"{gw.url}/health", proc=gw.proc, timeout=40)
-        return gws
+        return [gw.ready(timeout=40) for gw in gws]
 
     yield make
     for gw in started:

@@ -188,6 +188,12 @@ class Gateway:
     def stop(self) -> int:
         return stop(self.proc)
 
+    def ready(self, timeout: float = 60.0) -> Gateway:
+        """Wait until a gateway started with `wait=False` answers: replicas started
+        together boot side by side instead of one after the other."""
+        wait_http(f"{self.url}/health", proc=self.proc, timeout=timeout)
+        return self
+
     def restart(self) -> None:
         self.stop()
         self.proc = _spawn_gateway(self.port, self.args, self.env, self.workdir)
