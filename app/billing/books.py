@@ -74,7 +74,9 @@ class BudgetOverrideBook:
         self.db = db
 
     async def save(self, o: BudgetOverride) -> None:
-        stmt = self.db.upsert(budget_overrides).values(
+        await self.db.put(
+            budget_overrides,
+            ("scope", "owner", "period", "metric"),
             scope=o.scope,
             owner=o.owner,
             period=o.period,
@@ -83,16 +85,6 @@ class BudgetOverrideBook:
             until=o.until,
             updated_at=self.db.now(),
         )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["scope", "owner", "period", "metric"],
-            set_={
-                "limit_value": stmt.excluded.limit_value,
-                "until": stmt.excluded.until,
-                "updated_at": stmt.excluded.updated_at,
-            },
-        )
-        async with self.db.begin() as conn:
-            await conn.execute(stmt)
 
     async def end(
         self, scope: str, owner: str, period: str | None = None, metric: str | None = None

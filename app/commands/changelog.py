@@ -11,22 +11,20 @@ Exit 1 when the gateway cannot answer.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
 import httpx
 
-from app.commands.report import instant, message
+from app.commands.report import admin_key, answered, instant
 
 _COLUMNS = ("at", "actor", "action", "target", "before", "after")
 _WIDEST = 60  # a before/after wider than this is cut in the table (JSON shows it whole)
 
 
 def run(args: Any) -> int:
-    key = args.admin_key or os.environ.get("TOKENGATE_ADMIN_KEY", "")
-    if not key:
-        print("tokengate audit: no admin key: pass --admin-key or set TOKENGATE_ADMIN_KEY")
+    key = admin_key("audit", args)
+    if key is None:
         return 2
     now = time.time()
     params: dict[str, str] = {"limit": str(args.limit)}
@@ -37,18 +35,17 @@ def run(args: Any) -> int:
         if value is not None:
             params[name] = value
     base = args.target.rstrip("/")
-    try:
-        resp = httpx.get(
+    resp = answered(
+        "audit",
+        base,
+        lambda: httpx.get(
             f"{base}/admin/audit",
             params=params,
             headers={"authorization": f"Bearer {key}"},
             timeout=60,
-        )
-    except httpx.HTTPError as exc:
-        print(f"tokengate audit: cannot reach {base}: {exc}")
-        return 1
-    if resp.status_code != 200:
-        print(f"tokengate audit: {resp.status_code} from {base}: {message(resp)}")
+        ),
+    )
+    if resp is None:
         return 1
     body = resp.json()
     print(json.dumps(body, indent=2) if args.format == "json" else table(body["data"]))

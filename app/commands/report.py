@@ -13,6 +13,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -110,13 +111,38 @@ def _cells(row: dict[str, Any], groups: list[str], currency: str, total: bool = 
     return [*lead, *cells]
 
 
-def run(args: Any) -> int:
-    key = args.admin_key or os.environ.get("TOKENGATE_ADMIN_KEY", "")
+def admin_key(command: str, args: Any) -> str | None:
+    """The admin key of an admin command (`--admin-key`, else `TOKENGATE_ADMIN_KEY`);
+    None, said on stdout, when there is none (the command then exits 2)."""
+    key: str = args.admin_key or os.environ.get("TOKENGATE_ADMIN_KEY", "")
     if not key:
-        print("tokengate usage: no admin key: pass --admin-key or set TOKENGATE_ADMIN_KEY")
-        return 2
+        print(f"tokengate {command}: no admin key: pass --admin-key or set TOKENGATE_ADMIN_KEY")
+        return None
+    return key
+
+
+def answered(command: str, target: str, ask: Callable[[], httpx.Response]) -> httpx.Response | None:
+    """The gateway's 200 to an admin command's request; None, said on stdout, when it
+    cannot be reached or answers anything else (the command then exits 1)."""
     try:
-        resp = fetch(
+        resp = ask()
+    except httpx.HTTPError as exc:
+        print(f"tokengate {command}: cannot reach {target}: {exc}")
+        return None
+    if resp.status_code != 200:
+        print(f"tokengate {command}: {resp.status_code} from {target}: {message(resp)}")
+        return None
+    return resp
+
+
+def run(args: Any) -> int:
+    key = admin_key("usage", args)
+    if key is None:
+        return 2
+    resp = answered(
+        "usage",
+        args.target,
+        lambda: fetch(
             args.target,
             key,
             since=args.since,
@@ -124,12 +150,9 @@ def run(args: Any) -> int:
             by=args.by,
             granularity=args.granularity,
             csv=args.format == "csv",
-        )
-    except httpx.HTTPError as exc:
-        print(f"tokengate usage: cannot reach {args.target}: {exc}")
-        return 1
-    if resp.status_code != 200:
-        print(f"tokengate usage: {resp.status_code} from {args.target}: {message(resp)}")
+        ),
+    )
+    if resp is None:
         return 1
     if args.format == "csv":
         print(resp.text, end="")

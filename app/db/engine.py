@@ -19,7 +19,7 @@ import fcntl
 import logging
 import os
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,17 @@ class Database:
     def upsert(self, table: Table) -> Any:
         """`INSERT` that accepts `.on_conflict_do_update/nothing` in this dialect."""
         return (sqlite.insert if self.sqlite else postgresql.insert)(table)
+
+    async def put(self, table: Table, key: Sequence[str], /, **row: Any) -> None:
+        """Write one row: inserted, or, where a row with the same `key` columns exists,
+        its other columns replaced by these (one statement, one transaction)."""
+        stmt = self.upsert(table).values(**row)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(key),
+            set_={name: stmt.excluded[name] for name in row if name not in key},
+        )
+        async with self.begin() as conn:
+            await conn.execute(stmt)
 
     @contextlib.asynccontextmanager
     async def exclusive(self, name: str) -> AsyncIterator[AsyncConnection]:

@@ -28,19 +28,14 @@ class OverrideBook:
         self.db = db
 
     async def save(self, alias: str, rpm: int, tpm: int) -> None:
-        stmt = self.db.upsert(key_overrides).values(
-            alias=alias, requests_per_minute=rpm, tokens_per_minute=tpm, updated_at=self.db.now()
+        await self.db.put(
+            key_overrides,
+            ("alias",),
+            alias=alias,
+            requests_per_minute=rpm,
+            tokens_per_minute=tpm,
+            updated_at=self.db.now(),
         )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["alias"],
-            set_={
-                "requests_per_minute": stmt.excluded.requests_per_minute,
-                "tokens_per_minute": stmt.excluded.tokens_per_minute,
-                "updated_at": stmt.excluded.updated_at,
-            },
-        )
-        async with self.db.begin() as conn:
-            await conn.execute(stmt)
 
     async def delete(self, alias: str) -> None:
         async with self.db.begin() as conn:

@@ -12,6 +12,15 @@ response until its body iterator ends, however it ends:
 
 Settling and the access log are the pipeline's: a stream is handed its `finish` (and
 the metrics and clock it reports with), so this module knows nothing of the pipeline.
+
+Two ways out. `body` is the SSE stream of an HTTP answer (the hot path: events relayed
+as the upstream's reads cut them). `frames` is the frame mode of a client's Responses
+WebSocket: one event's JSON per item. An upstream socket's frames pass through it as
+they came, each read directly for usage, the first token and the end of the response
+(`FrameReader`), with no SSE on the way; an HTTP upstream's SSE events are cut by the
+relay and handed on by their data. Both end alike: the request is settled before its
+last bytes go out, and a stream cut before its end is ended by the gateway (an error
+event, or `response.failed`) and charged what was streamed.
 """
 
 from __future__ import annotations
@@ -29,8 +38,11 @@ from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
 from app.upstream.answer_usage import Usage
 from app.upstream.attempt import AttemptFailed
+from app.upstream.sse import event_payloads
 from app.upstream.streaming import SseRelay, error_event, failed_event
 from app.upstream.transport import UpstreamResponse
+from app.upstream.turns import failed_frame
+from app.upstream.websocket import SocketAnswer
 
 
 class Finish(Protocol):
@@ -56,6 +68,18 @@ class JsonAnswer(NamedTuple):
     body: bytes
     content_type: str
     headers: dict[str, str]
+
+
+class FrameReader(SseRelay):
+    """The relay's reading of events without its SSE framing: an upstream socket's
+    frames, each one event's JSON, read as they came and never rewritten."""
+
+    def __init__(self) -> None:
+        super().__init__(strip_usage_chunk=False)
+
+    def see(self, frame: bytes) -> None:
+        self.events += 1
+        self._parse(frame)
 
 
 class StreamAnswer:
@@ -143,6 +167,59 @@ class StreamAnswer:
             raise
         finally:
             await self._close(status if outcome in (None, "client_closed") else 502, outcome)
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        """The answer for a client's WebSocket, one event's JSON per item (frame mode):
+        an upstream socket's frames as they came, an HTTP upstream's SSE events by their
+        data. Frames that arrive with the end of the response wait until the request is
+        settled; a response cut before its terminal event ends with `response.failed`."""
+        response = self._reply.response
+        reader = FrameReader() if isinstance(response, SocketAnswer) else None
+        if reader is not None:
+            self.relay = reader
+        relay, status, outcome = self.relay, 200, None
+        held: list[bytes] = []
+        try:
+            try:
+                chunk: bytes | None = self._reply.first
+                assert self._reply.rest is not None
+                while chunk is not None:
+                    if reader is not None:
+                        reader.see(chunk)
+                        events = [chunk]
+                    else:
+                        events = event_payloads(relay.feed(chunk))
+                    if self._tell is not None:
+                        await self._told()
+                    if response.complete:
+                        held += events
+                    elif events:
+                        self._ttft()
+                        for event in events:
+                            yield event
+                    chunk = await anext(self._reply.rest, None)
+                held += event_payloads(relay.finish())
+                if not relay.done and not relay.has_usage:
+                    outcome = "truncated"
+                    held.append(self._failed_frame("the upstream closed the stream early"))
+            except AttemptFailed as failure:
+                outcome = failure.reason
+                held.append(self._failed_frame(f"the upstream stream broke off ({failure.reason})"))
+            self._ttft()
+            await self._close(200 if outcome is None else 502, outcome)
+            if self._ticket.hold is not None:
+                await SpendGate.released(self._ticket.hold)
+            for event in held:
+                yield event
+        except BaseException:
+            status, outcome = 499, "client_closed"
+            raise
+        finally:
+            await self._close(status if outcome in (None, "client_closed") else 502, outcome)
+
+    def _failed_frame(self, message: str) -> bytes:
+        relay = self.relay
+        return failed_frame(message, "stream_interrupted", relay.response_id, relay.events)
 
     def _error_event(self, message: str) -> bytes:
         endpoint = self._call.endpoint

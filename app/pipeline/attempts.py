@@ -32,6 +32,7 @@ from app.upstream.answer_usage import parse_usage
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
 from app.upstream.retry import RetrySpec, call_with_retries
 from app.upstream.transport import UpstreamResponse
+from app.upstream.websocket import SocketAnswer
 
 # Attempt outcomes that feed neither the breaker nor a verdict on the upstream's health.
 _NOT_A_VERDICT = frozenset({Reason.THROTTLED, Reason.INSUFFICIENT_QUOTA})
@@ -194,7 +195,7 @@ class Attempts:
         if call.stream:
             chunks = resp.chunks().__aiter__()
             try:
-                first = await _first_event(chunks)
+                first = await _first_event(resp, chunks)
             except BaseException:
                 await resp.close()
                 raise
@@ -239,10 +240,13 @@ def _status_failure(status: int, body: bytes, headers: Mapping[str, str]) -> Att
     return status_failure(status, body, headers.get("content-type", "application/json"), headers)
 
 
-async def _first_event(chunks: AsyncIterator[bytes]) -> bytes:
+async def _first_event(resp: UpstreamResponse, chunks: AsyncIterator[bytes]) -> bytes:
     """Read up to the first complete SSE event inside the attempt: until then nothing has
     reached the client, so a drop is still an attempt failure (an ambiguous one: the
-    upstream had begun to answer, so it is not re-sent by default)."""
+    upstream had begun to answer, so it is not re-sent by default). An upstream socket's
+    chunk is one whole event (a frame)."""
+    if isinstance(resp, SocketAnswer):
+        return await anext(chunks)
     data = b""
     while b"\n\n" not in data and b"\r\n\r\n" not in data:
         chunk = await anext(chunks, None)

@@ -18,10 +18,11 @@ after the other.
                     works, as OpenAI's connection-local cache makes it work)
                no:  passed on as it came (a stored response: pinned to its domain)
              └► one request through the pipeline (limits, queue, retries before the first
-                byte, fallback, metrics, ledger, access log), streamed back event by event;
-                a domain with `responses_websocket` gets it over this connection's own
-                upstream socket, as only the items its upstream does not hold yet
-                (`app/upstream/websocket.py`)
+                byte, fallback, metrics, ledger, access log), streamed back one event a
+                frame (`StreamAnswer.frames`); a domain with `responses_websocket` gets it
+                over this connection's own upstream socket, as only the items its
+                upstream does not hold yet (`app/upstream/websocket.py`), and its frames
+                come back as the upstream sent them
 
 A refusal before the stream starts (rate limit, queue full, upstream 4xx...) is an error
 event with the HTTP status the same request would have got: `{"type": "error", "status":
@@ -60,8 +61,7 @@ from app.pipeline.request import RESPONSES_SOCKET
 from app.pipeline.responses_api import ResponsesService
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec
-from app.upstream.sse import event_data
-from app.upstream.turns import Recorder, Turn
+from app.upstream.turns import Recorder, Turn, failed_frame
 from app.upstream.websocket import UpstreamSockets
 
 Send = Callable[[str], Awaitable[None]]
@@ -250,37 +250,29 @@ class SocketSession:
         answer = await self._admitted(raw, key, started)
         turn = Recorder(items, len(raw))
         try:
-            async for chunk in answer.body():
-                for payload in _payloads(chunk):
-                    turn.see(payload)
-                    await send(payload.decode())
+            async for frame in answer.frames():  # one event's JSON each, as it came
+                turn.see(frame)
+                await send(frame.decode("utf-8", "replace"))
         except BaseException:
             if not turn.ended:  # the turn must still end with a terminal event
-                await _failed(send, "the gateway stopped this response before it ended")
+                await _failed(send, "the gateway stopped this response before it ended", turn)
             raise
         finally:
             await answer.aclose()  # settles as a client disconnect if the body did not end
         if not turn.ended:
-            await _failed(send, "the response stream ended before its terminal event")
+            await _failed(send, "the response stream ended before its terminal event", turn)
         done = turn.turn()
         if done is not None:
             self._keep(done)
 
 
-async def _failed(send: Send, message: str) -> None:
+async def _failed(send: Send, message: str, turn: Recorder) -> None:
     """`response.failed` for a turn that could not end otherwise (best effort: the
     client may be gone, and a drain that cancels the turn must not wait on it)."""
-    event = {
-        "type": "response.failed",
-        "response": {
-            "object": "response",
-            "status": "failed",
-            "error": {"code": "stream_interrupted", "message": message},
-        },
-    }
+    frame = failed_frame(message, "stream_interrupted", None, turn.events).decode()
     with contextlib.suppress(Exception, asyncio.CancelledError):
         async with asyncio.timeout(1.0):
-            await send(_frame(event))
+            await send(frame)
 
 
 def _message(text: str) -> dict[str, Any]:
@@ -304,16 +296,6 @@ def _items(value: Any) -> list[Any]:
     raise InvalidRequest(
         "'input' must be a string or an array of input items", param="input", code="invalid_type"
     )
-
-
-def _payloads(chunk: bytes) -> list[bytes]:
-    """The `data:` of each complete SSE event in `chunk` (the relay hands whole events)."""
-    out = []
-    for event in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
-        data = event_data(event)
-        if data is not None:
-            out.append(data)
-    return out
 
 
 def _frame(event: dict[str, Any]) -> str:

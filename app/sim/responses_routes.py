@@ -18,11 +18,10 @@ surface, `Host`.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,7 +31,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.sim import response_shapes as shapes
-from app.sim.knobs import Faults, SimKnobs, paced
+from app.sim.knobs import Faults, SimKnobs, T
 from app.sim.quota import Quota
 from app.sim.refusals import SimError
 
@@ -55,9 +54,12 @@ class Host(Protocol):
     def authorize(self, request: Request, anthropic: bool) -> None: ...
     def model_for(self, body: dict[str, Any]) -> str: ...
     def admit(self, tokens: int) -> None: ...
-    def rate_headers(self, now: float) -> dict[str, str]: ...
-    async def faults(self, request: Request, rec: dict[str, Any]) -> Faults | None: ...
-    async def wait(self, request: Request, seconds: float, rec: dict[str, Any]) -> None: ...
+    async def served(
+        self, request: Request, rec: dict[str, Any], admitted: int, spent: int
+    ) -> tuple[dict[str, str], Faults | None]: ...
+    def streamed(
+        self, events: Iterable[tuple[T, bool]], rec: dict[str, Any]
+    ) -> AsyncIterator[T]: ...
 
 
 @dataclass(frozen=True)
@@ -112,15 +114,9 @@ class ResponsesSim:
                 raise shapes.bad("We could not parse the JSON body of your request.")
             model = sim.model_for(body)
             plan, stored = self._plan(body, model)
-            reset = await sim.faults(request, rec)
             limit = body.get("max_output_tokens") or sim.knobs.reply_tokens
-            sim.admit(plan.prompt + limit)
-            headers = sim.rate_headers(time.monotonic())
-            sim.quota.spend(plan.prompt + plan.output_tokens)
-            if sim.knobs.latency_ms:
-                await sim.wait(request, sim.knobs.latency_ms / 1000, rec)
-            rec["status"] = 200
-            sim.count(200)
+            spent = plan.prompt + plan.output_tokens
+            headers, reset = await sim.served(request, rec, plan.prompt + limit, spent)
             if reset is not None:
                 return self.render.truncated(orjson.dumps(plan.response)[:20])
             self._keep(body, stored)
@@ -207,19 +203,11 @@ class ResponsesSim:
     async def _stream(
         self, final: dict[str, Any], rec: dict[str, Any], *, queued: bool = False, after: int = -1
     ) -> AsyncIterator[bytes]:
-        sim = self.sim
         seq = -1
-        try:
-            async for event in paced(shapes.events(final, queued=queued), sim.knobs):
-                seq += 1
-                if seq > after:
-                    yield shapes.sse(event, seq)
-            rec["completed"] = True
-        except asyncio.CancelledError:
-            rec["cancelled"] = True
-            raise
-        finally:
-            sim.inflight -= 1
+        async for event in self.sim.streamed(shapes.events(final, queued=queued), rec):
+            seq += 1
+            if seq > after:
+                yield shapes.sse(event, seq)
 
     # -- the WebSocket mode (--responses-websocket) --------------------------------------------
     async def socket(self, ws: WebSocket) -> None:

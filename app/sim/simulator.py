@@ -21,7 +21,7 @@ import hashlib
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import asdict, fields
 from fnmatch import fnmatchcase
 from typing import Any
@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.sim import shapes
 from app.sim.cache import PromptCache
-from app.sim.knobs import Faults, SimKnobs, StreamDropped, paced
+from app.sim.knobs import Faults, SimKnobs, StreamDropped, T, paced
 from app.sim.messages import count_tokens_body
 from app.sim.quota import Quota
 from app.sim.refusals import SimError
@@ -186,6 +186,23 @@ class Sim:
     def rate_headers(self, now: float) -> dict[str, str]:
         return self.quota.headers(now) if self.knobs.quota_headers == "full" else {}
 
+    async def served(
+        self, request: Request, rec: dict[str, Any], admitted: int, spent: int
+    ) -> tuple[dict[str, str], Faults | None]:
+        """What every generating route does once the request is valid: its injected faults,
+        admission of `admitted` tokens against the limits, `spent` from the quota, the
+        configured latency; then it counts as a 200. Its rate headers, and the fault that
+        resets the answer (if one was drawn)."""
+        reset = await self.faults(request, rec)
+        self.admit(admitted)
+        headers = self.rate_headers(time.monotonic())
+        self.quota.spend(spent)
+        if self.knobs.latency_ms:
+            await self.wait(request, self.knobs.latency_ms / 1000, rec)
+        rec["status"] = 200
+        self.count(200)
+        return headers, reset
+
     async def faults(self, request: Request, rec: dict[str, Any]) -> Faults | None:
         f = self.knobs.faults
         if not f.applies(request.url.path):
@@ -252,14 +269,8 @@ class Sim:
                 )
             model = self.model_for(body)
             job = shapes.build(request.url.path, body, model, self.knobs, self.cache)
-            reset = await self.faults(request, rec)
-            self.admit(job.quota_tokens)
-            headers = self.rate_headers(time.monotonic())
-            self.quota.spend(job.prompt_tokens + job.completion_tokens)
-            if self.knobs.latency_ms:
-                await self.wait(request, self.knobs.latency_ms / 1000, rec)
-            rec["status"] = 200
-            self.count(200)
+            spent = job.prompt_tokens + job.completion_tokens
+            headers, reset = await self.served(request, rec, job.quota_tokens, spent)
             if reset is not None:
                 return _Truncated(orjson.dumps(job.json_body())[:20])
             if job.stream:
@@ -280,17 +291,26 @@ class Sim:
             if not handed_off:
                 self.inflight -= 1
 
-    async def _stream(self, job: shapes.SimReply, rec: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def streamed(
+        self, events: Iterable[tuple[T, bool]], rec: dict[str, Any]
+    ) -> AsyncIterator[T]:
+        """A stream's events as the knobs pace them (`paced`), recording in `rec` how it
+        ended (`completed`, or `cancelled` when the client left) and giving back its
+        in-flight place however it ends: every streamed answer of the sim goes through here."""
         try:
-            async for event in paced(job.events(), self.knobs):
+            async for event in paced(events, self.knobs):
                 yield event
             rec["completed"] = True
-            self._bill(job)
         except asyncio.CancelledError:
             rec["cancelled"] = True
             raise
         finally:
             self.inflight -= 1
+
+    async def _stream(self, job: shapes.SimReply, rec: dict[str, Any]) -> AsyncIterator[bytes]:
+        async for event in self.streamed(job.events(), rec):
+            yield event
+        self._bill(job)
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's `POST /v1/messages/count_tokens`: free, never against the quota."""

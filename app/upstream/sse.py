@@ -13,12 +13,14 @@ event stream"): the one parser of the gateway and the sim's tests.
              retry ─► the reconnection time, if all ASCII digits
              other ─► ignored
 
-`data_event` writes one (the upstream WebSocket's frames go through the relay as
-events). Two ways in. `EventReader` is the full parser (chunks cut anywhere, the `event`, `id`
+Two ways in. `EventReader` is the full parser (chunks cut anywhere, the `event`, `id`
 and `retry` fields), for the gateway's own streams that are not relayed byte for byte.
 `event_data` reads one event block the relay has already cut at its blank line and
 answers only its data, with no copy for the usual one-line `data:` event (the relay
-runs it once per token, and relays the bytes it did not rewrite as they came).
+runs it once per token, and relays the bytes it did not rewrite as they came);
+`event_payloads` reads each of the whole events the relay hands on (an HTTP upstream's
+answer going out over a client's WebSocket, one event a frame). Nothing writes SSE to
+read it back: an upstream WebSocket's frames are relayed as frames.
 """
 
 from __future__ import annotations
@@ -60,12 +62,15 @@ def event_data(block: bytes) -> bytes | None:
     return b"\n".join(more) if more is not None else data
 
 
-def data_event(payload: bytes) -> bytes:
-    """`payload` written as one event of data only: each of its lines a `data:` line
-    (a WebSocket frame may be pretty-printed JSON), so a reader joins them back with LF."""
-    if b"\n" not in payload and b"\r" not in payload:  # compact JSON: one line
-        return b"data: " + payload + b"\n\n"
-    return b"".join([b"data: " + line + b"\n" for line in payload.splitlines()]) + b"\n"
+def event_payloads(events: bytes) -> list[bytes]:
+    """The data of each event in `events`, whole events as the relay forwards them (each
+    ended by its blank line, every line end a LF); an event without data is left out."""
+    out = []
+    for block in events.split(b"\n\n"):
+        data = event_data(block)
+        if data is not None:
+            out.append(data)
+    return out
 
 
 @dataclass(slots=True)

@@ -37,6 +37,7 @@ from app.limits.estimate import TextCounter
 from app.upstream.answer_usage import anthropic_cache, cache_writes, cached_tokens
 from app.upstream.sse import event_data
 from app.upstream.turns import TERMINAL as RESPONSES_TERMINAL
+from app.upstream.turns import failed_frame
 
 _SEP = b"\n\n"
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
@@ -317,19 +318,10 @@ def _int(value: Any) -> int:
 
 
 def failed_event(message: str, code: str, response_id: str | None, sequence: int) -> bytes:
-    """The Responses API's end of a stream the upstream broke off: `response.failed`
-    (clients such as Codex act on it; an `error` event they ignore)."""
-    response: dict[str, Any] = {
-        "id": response_id or "resp_failed",
-        "object": "response",
-        "status": "failed",
-        "error": {"code": code, "message": message},
-        "incomplete_details": None,
-        "output": [],
-        "usage": None,
-    }
-    body = {"type": "response.failed", "response": response, "sequence_number": sequence}
-    return b"event: response.failed\ndata: " + orjson.dumps(body) + _SEP
+    """The Responses API's end of a stream the upstream broke off (`turns.failed_frame`)
+    as an SSE event."""
+    frame = failed_frame(message, code, response_id, sequence)
+    return b"event: response.failed\ndata: " + frame + _SEP
 
 
 def error_event(message: str, code: str, *, anthropic: bool = False) -> bytes:

@@ -5,11 +5,12 @@ WebSocket connection, over a WebSocket of its own: one `UpstreamSockets` per cli
 connection holds at most one upstream socket per domain (opened on first use with the
 domain's key, reused for every later request the pipeline sends there, closed with the
 client connection). Everything else about a request is unchanged: the pipeline's limits,
-queue, retries, fallback and accounting see an `UpstreamResponse` whose body is the
-upstream's frames written as SSE events (`sse.data_event`): the relay that reads usage,
-times the first token and ends an interrupted stream reads SSE, whichever way the answer
-came. What a socket's cache holds is the `Turn` of `turns.py`, the model the client's
-session keeps too.
+queue, retries, fallback and accounting see an `UpstreamResponse` (`SocketAnswer`) whose
+chunks are the upstream's frames, one event's JSON each, as they came: the pipeline's
+answer relays them in its frame mode (`StreamAnswer.frames`), reading usage, the first
+token and the end of the response from each event, and the client's socket gets the
+very bytes the upstream sent (no SSE on the way). What a socket's cache holds is the
+`Turn` of `turns.py`, the model the client's session keeps too.
 
     send(body) ──► this socket's last completed response is a prefix of body.input
                    (its input + its output items)?
@@ -21,7 +22,7 @@ session keeps too.
                   `websocket_connection_limit_reached` after an incremental send: the
                   upstream lost its cache, so the request goes again whole, once, on a
                   fresh socket
-              ──► else 200: frames relayed as SSE until the terminal event
+              ──► else 200: frames relayed as they came until the terminal event
 
 A socket that breaks or goes silent after a `response.create` was sent is an ambiguous
 failure (the upstream may be generating): by the gateway's resend rule it is not sent
@@ -45,7 +46,6 @@ import orjson
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
 from app.upstream.proxyenv import Proxies
-from app.upstream.sse import data_event
 from app.upstream.turns import Recorder, Turn
 
 log = logging.getLogger("tokengate.upstream")
@@ -198,13 +198,14 @@ class UpstreamSockets:
 
 
 class SocketAnswer:
-    """One response read from an upstream socket, as an `UpstreamResponse` of SSE bytes."""
+    """One response read from an upstream socket, as an `UpstreamResponse` whose chunks
+    are its frames (one event each)."""
 
     def __init__(
         self, owner: UpstreamSockets, domain: str, link: _Link, items: Any, timeout: float
     ) -> None:
         self.status = 200
-        self.headers: dict[str, str] = {"content-type": "text/event-stream"}
+        self.headers: dict[str, str] = {}
         self.complete = False
         self.stale = False
         self._owner, self._domain, self._link = owner, domain, link
@@ -251,16 +252,15 @@ class SocketAnswer:
         return orjson.dumps({"error": self._error})
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Each frame as an SSE event (its data only: the answer goes back out over the
-        client's socket, where no `event:` line is sent), until the terminal event; the
-        turn it makes is what this socket's cache holds next."""
+        """Each frame, one event's JSON, as it came, until the terminal event; the turn
+        it makes is what this socket's cache holds next."""
         raw, turn = self._raw, self._turn
         while True:
             turn.see(raw)
             if turn.ended:
                 self.complete = True
                 self._link.last = turn.turn()
-            yield data_event(raw)
+            yield raw
             if self.complete:
                 return
             raw = await self._frame()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.upstream.sse import Event, EventReader, data_event, event_data, parse
+from app.upstream.sse import Event, EventReader, event_data, event_payloads, parse
 
 # The standard's examples, verbatim.
 STOCKS = b"data: YHOO\ndata: +2\ndata: 10\n\n"
@@ -131,17 +131,8 @@ def test_where_the_chunks_are_cut_changes_nothing(
 @given(streams())
 def test_the_relays_reading_agrees_with_the_parser(case: tuple[bytes, list[Event]]) -> None:
     """The relay cuts at blank lines after CRLF became LF; each block's data is what
-    the full parser dispatched for it."""
+    the full parser dispatched for it (`event_payloads`: the events it hands on, one a
+    WebSocket frame)."""
     stream, events = case
-    blocks = [b for b in stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n")]
-    found = [d.decode() for b in blocks if (d := event_data(b)) is not None]
-    assert found == [e.data for e in events]
-
-
-@given(st.binary().map(lambda b: b.replace(b"\r", b"")))
-def test_a_written_data_event_reads_back(payload: bytes) -> None:
-    """What `data_event` writes, `event_data` reads back (lines ending in LF; a trailing
-    LF is a line end the writer does not repeat)."""
-    written = data_event(payload)
-    assert written.endswith(b"\n\n") and b"\n\n" not in written[:-2]  # one event
-    assert event_data(written[:-2]) == b"\n".join(payload.splitlines())
+    found = event_payloads(stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n"))
+    assert [d.decode() for d in found] == [e.data for e in events]

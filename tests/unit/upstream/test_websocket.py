@@ -12,7 +12,6 @@ from pydantic import SecretStr
 
 from app.runtime import DomainSpec
 from app.upstream.attempt import AttemptFailed, Reason
-from app.upstream.sse import event_data
 from app.upstream.turns import Turn
 from app.upstream.websocket import SocketDialer, UpstreamSockets, incremental
 
@@ -52,9 +51,10 @@ def test_anything_else_is_sent_whole() -> None:
 
 
 class FakeSocket:
-    """An upstream socket that answers each `response.create` with scripted frames."""
+    """An upstream socket that answers each `response.create` with scripted frames (an
+    event, or a text sent as it is), then, past them, a close."""
 
-    def __init__(self, script: list[list[dict[str, Any]]]) -> None:
+    def __init__(self, script: list[list[Any]]) -> None:
         self.script = script
         self.sent: list[dict[str, Any]] = []
         self.frames: list[str] = []
@@ -62,7 +62,7 @@ class FakeSocket:
 
     async def send_str(self, data: str) -> None:
         self.sent.append(json.loads(data))
-        self.frames = [json.dumps(f) for f in self.script.pop(0)]
+        self.frames = [f if isinstance(f, str) else json.dumps(f) for f in self.script.pop(0)]
 
     async def receive(self, timeout: float) -> Any:
         if not self.frames:
@@ -90,8 +90,8 @@ def turn(rid: str, item: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"type": "response.output_item.done", "item": item}, done]
 
 
-async def drain(answer: Any) -> bytes:
-    return b"".join([chunk async for chunk in answer.chunks()])
+async def drain(answer: Any) -> list[bytes]:
+    return [chunk async for chunk in answer.chunks()]
 
 
 async def test_a_socket_carries_a_conversation_and_resends_it_whole_when_forgotten() -> None:
@@ -102,23 +102,25 @@ async def test_a_socket_carries_a_conversation_and_resends_it_whole_when_forgott
     first = await sockets.send(SPEC, json.dumps(body(SYSTEM, USER)).encode())
     assert first is not None and first.status == 200
     out = await drain(first)
-    assert out.count(b"data: ") == 2 and first.complete
+    assert [json.loads(f) for f in out] == turn("r1", CALL) and first.complete
     second = await sockets.send(SPEC, json.dumps(body(SYSTEM, USER, CALL, OUTPUT)).encode())
     assert second is not None and second.status == 200
     assert one.sent[1]["previous_response_id"] == "r1" and one.sent[1]["input"] == [OUTPUT]
     assert one.closed and two.sent[0]["input"] == [SYSTEM, USER, CALL, OUTPUT]  # whole, fresh
 
 
-async def test_a_pretty_printed_frame_reaches_the_relay_whole() -> None:
-    """A frame is JSON, maybe over several lines: each is a `data:` line of one event,
-    so the relay and the client session read the frame back whole."""
+async def test_a_pretty_printed_frame_is_one_chunk_as_it_came() -> None:
+    """A frame is JSON, maybe over several lines: it is one chunk of the answer, its
+    bytes untouched (no SSE on the way), and the turn is still read from it."""
     socket = PrettySocket([turn("r1", CALL)])
     sockets = UpstreamSockets(FakeDialer(socket))  # type: ignore[arg-type]
     answer = await sockets.send(SPEC, json.dumps(body(SYSTEM, USER)).encode())
     assert answer is not None
     out = await drain(answer)
-    events = [event_data(e) for e in out.split(b"\n\n") if e]
-    assert [json.loads(e or b"") for e in events] == turn("r1", CALL) and answer.complete
+    assert out == [json.dumps(f, indent=2).encode() for f in turn("r1", CALL)]
+    last = sockets._links["up"].last
+    assert answer.complete and last is not None
+    assert (last.response_id, last.items, last.output) == ("r1", [SYSTEM, USER], [CALL])
 
 
 class PrettySocket(FakeSocket):
