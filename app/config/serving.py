@@ -113,7 +113,8 @@ class ResponsesConfig(Section):
     websocket: bool = Field(
         True,
         description="Serve the Responses WebSocket mode on `GET /v1/responses` (what Codex "
-        "CLI tries first), bridged to the domains over HTTP + SSE. False (or no domain "
+        "CLI tries first), each event relayed as one frame: over the domain's own WebSocket "
+        "where it declares `responses_websocket`, else over HTTP + SSE. False (or no domain "
         "serving the Responses API) answers the upgrade with 426, so clients fall back to "
         "HTTP at once.",
     )
