@@ -128,7 +128,7 @@ def test_anthropic_sdk_through_the_gateway(
     make_sim: Callable[..., Sim], make_gateway: Make
 ) -> None:
     gw, sim = _anthropic_gateway(make_sim, make_gateway)
-    client = anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0)
+    client = gw.keep(anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0))
     message = client.messages.create(model="claude-sonnet-4-6", max_tokens=5, messages=PING)
     assert isinstance(message.content[0], anthropic.types.TextBlock)
     assert message.content[0].text and message.usage.output_tokens == 5
@@ -147,9 +147,9 @@ def test_anthropic_sdk_through_the_gateway(
         in metrics
     )
     with pytest.raises(anthropic.AuthenticationError):
-        anthropic.Anthropic(base_url=gw.url, api_key="tg-wrong", max_retries=0).messages.create(
-            model="claude-sonnet-4-6", max_tokens=5, messages=PING
-        )
+        gw.keep(
+            anthropic.Anthropic(base_url=gw.url, api_key="tg-wrong", max_retries=0)
+        ).messages.create(model="claude-sonnet-4-6", max_tokens=5, messages=PING)
 
 
 def test_expired_key_gets_401_saying_so(sim: Sim, make_gateway: Make) -> None:

@@ -93,7 +93,9 @@ def test_wrong_or_missing_key_gets_401_body(gateway: Gateway, sim: Sim, key: str
 
 
 def test_sdk_raises_authentication_error(gateway: Gateway) -> None:
-    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="tg-nope", max_retries=0)
+    client = gateway.keep(
+        openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="tg-nope", max_retries=0)
+    )
     with pytest.raises(openai.AuthenticationError):
         client.models.list()
 

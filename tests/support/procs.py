@@ -19,12 +19,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import tomli_w
 
 from tests.support.waiting import PATIENCE
+
+C = TypeVar("C")
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "config"
@@ -144,10 +146,20 @@ class Gateway:
     env: dict[str, str]
     args: list[str]
     log_path: Path
+    # SDK clients made for this gateway, closed when it stops. An SDK client sits in a
+    # reference cycle (client <-> its resources), so only the cyclic collector frees one
+    # left open, finalizing its pooled sockets in any order: some tests later, a socket
+    # finalized before its pool raised ResourceWarning in whichever test was running.
+    clients: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def keep(self, client: C) -> C:
+        """`client` (a sync SDK or httpx client) is closed when this gateway stops."""
+        self.clients.append(client)
+        return client
 
     @property
     def key(self) -> str:
@@ -158,7 +170,7 @@ class Gateway:
 
         key = self.keys[alias] if alias else self.key
         kwargs.setdefault("max_retries", 0)
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, **kwargs)
+        return self.keep(openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, **kwargs))
 
     def async_openai(self, alias: str | None = None, **kwargs: Any) -> Any:
         import openai
@@ -186,6 +198,8 @@ class Gateway:
         return httpx.get(f"{self.url}/metrics").text
 
     def stop(self) -> int:
+        while self.clients:
+            self.clients.pop().close()
         return stop(self.proc)
 
     def ready(self, timeout: float = 60.0) -> Gateway:
@@ -195,7 +209,7 @@ class Gateway:
         return self
 
     def restart(self) -> None:
-        self.stop()
+        stop(self.proc)  # its clients stay open: they reconnect to the new process
         self.proc = _spawn_gateway(self.port, self.args, self.env, self.workdir)
         wait_http(f"{self.url}/health", proc=self.proc)
 
