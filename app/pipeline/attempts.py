@@ -253,7 +253,7 @@ async def _first_event(chunks: AsyncIterator[bytes]) -> bytes:
     reached the client, so a drop is still an attempt failure (an ambiguous one: the
     upstream had begun to answer, so it is not re-sent by default)."""
     data = b""
-    while b"\n\n" not in data and b"\r\n\r\n" not in data:
+    while data.find(b"\n\n") < 0 and data.find(b"\r\n\r\n") < 0:  # not `in`: streaming.py
         chunk = await anext(chunks, None)
         if chunk is None:
             break
