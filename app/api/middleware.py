@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from random import getrandbits
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -76,13 +76,17 @@ class RequestContext:
         state["request_id"] = rid
         header = (b"x-request-id", rid.encode())
 
-        async def send_with_id(message: Message) -> None:
+        def send_with_id(message: Message) -> Awaitable[None]:
+            # Not a coroutine of its own: it hands back the server's `send(message)` for the
+            # caller to await, one frame less for every message (each SSE event is one).
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                extra = [header, (b"connection", b"close")] if self.draining() else [header]
-                message["headers"] = [*message.get("headers", ()), *extra]
-            await send(message)
+                headers = [*message.get("headers", ()), header]
+                if self.draining():
+                    headers.append((b"connection", b"close"))
+                message["headers"] = headers
+            return send(message)
 
         try:
             await self.app(scope, receive, send_with_id)

@@ -107,27 +107,51 @@ class Decision(NamedTuple):
 
 
 def decide(requests: Bucket, tokens: Bucket, cost: int, now: float) -> Decision:
-    """Admit `1 request + cost tokens` from both buckets, or neither."""
-    requests.refill(now)
-    tokens.refill(now)
-    wait_r = requests.wait_for(1)
-    wait_t = tokens.wait_for(cost)
+    """Admit `1 request + cost tokens` from both buckets, or neither.
+
+    The bucket methods' arithmetic (`refill`, `wait_for`, `debit`, `until_full`), written
+    out once here: this runs on every admission, and the eight calls cost more than the
+    sums (`tests/unit/limits/test_bucket*.py` hold it to the same table as the methods)."""
+    r_cap, t_cap = requests.capacity, tokens.capacity
+    r_rate, t_rate = requests.rate, tokens.rate
+    if now > requests.stamp:  # refill
+        level = requests.level + (now - requests.stamp) * r_rate
+        requests.level = level if level < r_cap else r_cap
+        requests.stamp = now
+    if now > tokens.stamp:
+        level = tokens.level + (now - tokens.stamp) * t_rate
+        tokens.level = level if level < t_cap else t_cap
+        tokens.stamp = now
+    r_level, t_level = requests.level, tokens.level
+    # wait_for(1) and wait_for(cost)
+    if 1 > r_cap:
+        wait_r = math.inf
+    else:
+        wait_r = 0.0 if 1 <= r_level else (1 - r_level) / r_rate
+    if cost > t_cap:
+        wait_t = math.inf
+    else:
+        wait_t = 0.0 if cost <= t_level else (cost - t_level) / t_rate
     allowed = wait_r == 0 and wait_t == 0
-    if allowed:
-        requests.debit(1)
-        tokens.debit(cost)
-    limit = None if allowed else ("requests" if wait_r >= wait_t else "tokens")
+    if allowed:  # debit, bounded at one capacity either way
+        r_level = min(r_cap, max(-r_cap, r_level - 1))
+        t_level = min(t_cap, max(-t_cap, t_level - cost))
+        requests.level, tokens.level = r_level, t_level
+        limit, retry_after = None, 0.0
+    else:
+        limit = "requests" if wait_r >= wait_t else "tokens"
+        retry_after = max(wait_r, wait_t)
     return Decision(
-        allowed=allowed,
-        limit=limit,
-        retry_after=0.0 if allowed else max(wait_r, wait_t),
-        requests_limit=int(requests.capacity),
-        requests_remaining=max(0, math.floor(requests.level)),
-        requests_reset=requests.until_full(),
-        tokens_limit=int(tokens.capacity),
-        tokens_remaining=max(0, math.floor(tokens.level)),
-        tokens_reset=tokens.until_full(),
-        too_large=math.isinf(wait_t),
+        allowed,
+        limit,
+        retry_after,
+        int(r_cap),
+        max(0, math.floor(r_level)),
+        max(0.0, (r_cap - r_level) / r_rate),  # until_full
+        int(t_cap),
+        max(0, math.floor(t_level)),
+        max(0.0, (t_cap - t_level) / t_rate),
+        wait_t == math.inf,
     )
 
 

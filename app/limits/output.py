@@ -22,6 +22,7 @@ estimate a replica has not learned yet falls back to the cautious default.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -33,7 +34,10 @@ MAX_SERIES = 10_000
 @dataclass
 class _Series:
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=SAMPLES))
-    estimate: int | None = None  # cached percentile; None after a new sample
+    # The same samples in order, kept so as each one comes and goes (two binary searches
+    # and a shift): every admission reads a percentile and every answer adds a sample, so
+    # sorting them afresh per request was the estimate's whole cost.
+    ordered: list[int] = field(default_factory=list)
 
 
 class OutputEstimator:
@@ -51,13 +55,13 @@ class OutputEstimator:
     def estimate(self, key: str, model: str) -> int | None:
         """The percentile of the key's recent completions, None while too few are known."""
         series = self._series.get((key, model))
-        if series is None or len(series.recent) < MIN_SAMPLES:
+        if series is None:
             return None
-        if series.estimate is None:
-            ordered = sorted(series.recent)
-            rank = max(0, math.ceil(self.percentile * len(ordered)) - 1)
-            series.estimate = ordered[rank]
-        return series.estimate
+        ordered = series.ordered
+        n = len(ordered)
+        if n < MIN_SAMPLES:
+            return None
+        return ordered[max(0, math.ceil(self.percentile * n) - 1)]
 
     def observe(self, key: str, model: str, completion: int) -> None:
         """One answered request's completion tokens per choice."""
@@ -69,5 +73,9 @@ class OutputEstimator:
                 self._series.popitem(last=False)
         else:
             self._series.move_to_end(index)
-        series.recent.append(max(0, completion))
-        series.estimate = None
+        value = max(0, completion)
+        recent, ordered = series.recent, series.ordered
+        if len(recent) == SAMPLES:  # the append below drops the oldest
+            del ordered[bisect_left(ordered, recent[0])]
+        recent.append(value)
+        insort(ordered, value)

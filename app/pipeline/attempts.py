@@ -30,7 +30,7 @@ from app.pipeline.trace import Attempt, Trace
 from app.tracing import AttemptSpan, RequestSpan
 from app.upstream.answer_usage import parse_usage
 from app.upstream.attempt import AttemptFailed, Reason, status_failure
-from app.upstream.retry import RetrySpec, call_with_retries
+from app.upstream.retry import RetrySpec, retry_after
 from app.upstream.transport import UpstreamResponse
 from app.upstream.websocket import SocketAnswer
 
@@ -72,12 +72,21 @@ class Attempts:
         domain.budget.record_request()
         while True:
             try:
-                reply = await call_with_retries(
-                    lambda n: self._attempt(call, model, domain, body, n, trace),
-                    self.retry,
-                    domain.budget,
-                    lambda f: self.metrics.record_retry(domain.name, f.reason),
-                )
+                # call_with_retries, its first attempt run here (retry.retry_after)
+                started, failed = time.monotonic(), None
+                try:
+                    reply = await self._attempt(call, model, domain, body, 1, trace)
+                except BaseException as exc:  # tenacity's to judge, cancellation included
+                    failed = exc
+                if failed is not None:  # (outside the handler, as call_with_retries does)
+                    reply = await retry_after(
+                        failed,
+                        started,
+                        lambda n: self._attempt(call, model, domain, body, n, trace),
+                        self.retry,
+                        domain.budget,
+                        lambda f: self.metrics.record_retry(domain.name, f.reason),
+                    )
             except AttemptFailed as failure:
                 if failure.reason is not Reason.THROTTLED:
                     slot.release()
@@ -248,7 +257,7 @@ async def _first_event(resp: UpstreamResponse, chunks: AsyncIterator[bytes]) -> 
     if isinstance(resp, SocketAnswer):
         return await anext(chunks)
     data = b""
-    while b"\n\n" not in data and b"\r\n\r\n" not in data:
+    while data.find(b"\n\n") < 0 and data.find(b"\r\n\r\n") < 0:  # not `in`: streaming.py
         chunk = await anext(chunks, None)
         if chunk is None:
             break

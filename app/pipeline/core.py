@@ -171,7 +171,8 @@ class Pipeline:
             raise
         lease = None
         try:
-            lease = await self.holds.slot(call, trace)
+            if self.holds.capped(call):
+                lease = await self.holds.slot(call, trace)
             reply, domain, model, slot = await self.failover.execute(call, requested, first, trace)
         except BaseException as exc:
             status = status_of(exc)

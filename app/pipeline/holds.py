@@ -55,6 +55,11 @@ class KeyHolds:
             per_choice = -(-trace.completion_tokens // max(1, call.choices))
             self.outputs.observe(call.key.alias, self._model(call), per_choice)
 
+    def capped(self, call: ClientRequest) -> bool:
+        """The key has a `max_concurrent` (live or configured): `slot` is to be awaited.
+        Most keys have none, and then no coroutine is made for it."""
+        return self.gate.cap(call.key.alias, call.key.max_concurrent) is not None
+
     async def slot(self, call: ClientRequest, trace: Trace) -> Lease | None:
         """One of the key's `max_concurrent` slots, waiting in its line if need be."""
         alias = call.key.alias

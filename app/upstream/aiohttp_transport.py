@@ -28,10 +28,11 @@ probe), once, on a kept-alive connection that died: never a POST.
 Timeouts: `connect` bounds DNS, TCP, proxy tunnel and TLS (`sock_connect`); the wait
 for a pool slot plus the connect is bounded by `read + connect`; `read` is the longest
 silence while an answer is owed (`sock_read`: a paused read, waiting on a slow client,
-is not silence); `total` bounds a whole non-streamed exchange, body included. A stream
-is read as it arrives: aiohttp stops reading from the socket while about 128 KiB
-(twice `read_bufsize`) wait unread, so a slow client slows its upstream instead of
-growing the gateway's memory.
+is not silence; once a stream's body is handed over, one watch per domain bounds its
+silence instead of a timer moved per read: `_Quiet`); `total` bounds a whole
+non-streamed exchange, body included. A stream is read as it arrives: aiohttp stops
+reading from the socket while about 128 KiB (twice `read_bufsize`) wait unread, so a
+slow client slows its upstream instead of growing the gateway's memory.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class AiohttpTransport:
         self._resolver = resolver
         self._routes: dict[str, _Route] = {}
         self._session: aiohttp.ClientSession | None = None
+        # no read timeout (0), no watch: as aiohttp's `sock_read`, which then sets no timer
+        self._quiet = _Quiet(timeouts.read) if timeouts.read > 0 else None
         t = timeouts
         wait = t.read + t.connect  # a pool slot, then the connect
         self._timeout = {
@@ -172,13 +175,15 @@ class AiohttpTransport:
             )
         except BaseException as exc:
             raise failure_of(exc, route.via) from None
-        answer = _Response(resp)
+        answer = _Response(resp, self._quiet if stream else None)
         if (bad := refused(answer.status, answer.headers)) is not None:
             resp.close()  # never back to the pool: its framing is not to be trusted
             raise bad
         return answer
 
     async def close(self) -> None:
+        if self._quiet is not None:
+            self._quiet.close()
         if self._session is not None:
             await self._session.close()
 
@@ -221,10 +226,11 @@ class _Headers(Mapping[str, str]):
 
 
 class _Response:
-    __slots__ = ("_resp", "headers", "status")
+    __slots__ = ("_quiet", "_resp", "headers", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, quiet: _Quiet | None = None) -> None:
         self._resp = resp
+        self._quiet = quiet
         self.status = resp.status
         self.headers = _Headers(resp.headers)
 
@@ -242,13 +248,21 @@ class _Response:
         return self._resp.content.at_eof()
 
     def chunks(self) -> AsyncIterator[bytes]:
-        return _Chunks(self._resp)
+        chunks = _Chunks(self._resp)
+        if self._quiet is not None and (conn := self._resp.connection) is not None:
+            # the body's silence is bounded by the watch from here on (see `_Quiet`)
+            assert conn.protocol is not None
+            conn.protocol.read_timeout = None
+            self._quiet.watch(chunks)
+        return chunks
 
     async def close(self) -> None:
         # release(): a fully read answer returns its connection to the pool; an unfinished
         # one (client gone, stream cut) closes it, which is how the upstream learns to
         # stop generating.
         self._resp.release()
+        if self._quiet is not None:
+            self._quiet.drop(self._resp)
 
 
 class _Chunks:
@@ -258,24 +272,96 @@ class _Chunks:
     of that chain was a measurable share of the relay's CPU per event
     (deploy/BENCHMARKS.md, "The hot path")."""
 
-    __slots__ = ("_content", "_resp")
+    __slots__ = ("_content", "_resp", "quiet_for", "seen", "waiting")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self._content = resp.content
+        self.waiting = False  # awaiting the upstream's next bytes (`_Quiet` counts then)
+        self.seen = -1  # the body's raw bytes at the watch's last tick
+        self.quiet_for = 0.0  # seconds of silence counted by the watch
 
     def __aiter__(self) -> _Chunks:
         return self
 
     async def __anext__(self) -> bytes:
+        self.waiting = True
         try:
             chunk = await self._content.readany()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self._resp.close()
             raise failure_of(exc) from None
+        finally:
+            self.waiting = False
         if not chunk:
             raise StopAsyncIteration
         return chunk
+
+    def received(self) -> int:
+        """The body's bytes so far, as they came on the wire."""
+        return self._content.total_raw_bytes
+
+    def ended(self) -> bool:
+        return self._content.at_eof() or self._content.exception() is not None
+
+    def silent(self) -> None:
+        """The watch found the upstream silent for the read timeout: the wait ends as
+        aiohttp's own `sock_read` would end it."""
+        self._content.set_exception(aiohttp.SocketTimeoutError("no data from the upstream"))
+
+
+class _Quiet:
+    """The read timeout of streamed bodies, for all of a domain's streams at once.
+
+    aiohttp bounds silence (`sock_read`) by moving a loop timer on every read: a new
+    timer and a cancelled one per SSE event, about 5,800 instructions of the 69,500 an
+    event cost (8 %; deploy/BENCHMARKS.md, issue #32's third pass). Once a stream's
+    head and body are handed over (`chunks`), its connection's timer is switched off and
+    this watch ticks instead, every `step` (a tenth of the read timeout, at most 1 s),
+    only while streams are open: a stream whose reader awaits the upstream and whose
+    body gained no byte over ticks adding up to the read timeout fails with the same
+    timeout, at most two steps late. A reader that is not waiting (relaying to a slow
+    client; aiohttp then pauses the socket) is never silent, as with `sock_read`."""
+
+    __slots__ = ("_handle", "_streams", "read", "step")
+
+    def __init__(self, read: float) -> None:
+        self.read = read
+        self.step = min(1.0, read / 10)
+        self._streams: dict[aiohttp.ClientResponse, _Chunks] = {}
+        self._handle: asyncio.TimerHandle | None = None
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._streams.clear()
+
+    def drop(self, resp: aiohttp.ClientResponse) -> None:
+        """The stream was closed (read to its end, or given up)."""
+        self._streams.pop(resp, None)
+
+    def watch(self, chunks: _Chunks) -> None:
+        self._streams[chunks._resp] = chunks
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(self.step, self._tick)
+
+    def _tick(self) -> None:
+        for resp, chunks in list(self._streams.items()):
+            if chunks.ended():
+                del self._streams[resp]
+                continue
+            raw = chunks.received()
+            if raw != chunks.seen or not chunks.waiting:
+                chunks.seen, chunks.quiet_for = raw, 0.0
+                continue
+            chunks.quiet_for += self.step
+            if chunks.quiet_for >= self.read:
+                del self._streams[resp]
+                chunks.silent()
+        self._handle = (
+            asyncio.get_running_loop().call_later(self.step, self._tick) if self._streams else None
+        )
 
 
 def failure_of(exc: BaseException, via: str = "") -> BaseException:

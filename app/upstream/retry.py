@@ -156,6 +156,20 @@ async def call_with_retries(
         return await attempt(1)
     except BaseException as exc:  # tenacity's to judge, cancellation included
         first = exc
+    return await retry_after(first, started, attempt, spec, budget, on_retry)
+
+
+async def retry_after(
+    first: BaseException,
+    started: float,
+    attempt: Callable[[int], Awaitable[T]],
+    spec: RetrySpec,
+    budget: RetryBudget,
+    on_retry: Callable[[AttemptFailed], None],
+) -> T:
+    """`call_with_retries` once its first attempt, started at `started` (monotonic), failed
+    with `first`. A caller on the hot path runs attempt 1 itself and comes here only on a
+    failure: an answer then has one coroutine frame less to pass through."""
     controller = Retrying(
         stop=spec.stop, wait=spec.wait, retry=spec.retry, before_sleep=_before_sleep, reraise=True
     )

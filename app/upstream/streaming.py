@@ -40,6 +40,10 @@ from app.upstream.turns import TERMINAL as RESPONSES_TERMINAL
 from app.upstream.turns import failed_frame
 
 _SEP = b"\n\n"
+# Substrings of an event are looked for with `bytes.find`, never `in`: Python 3.11's
+# `bytes.__contains__` first tries its operand as an integer and builds (then drops) a
+# TypeError message for a bytes one, about 2,200 instructions an `in`, where `find`
+# takes the buffer at once. This runs once or twice per relayed event.
 UNREAD_LIMIT = 64 * 1024  # bytes of content events a stream may hold unparsed
 # Responses API events whose `delta` is generated output (text, tool arguments, reasoning).
 _RESPONSES_DELTAS = frozenset(
@@ -99,13 +103,13 @@ class SseRelay:
             and not self._cr
             and end >= 0
             and chunk.find(_SEP) == end
-            and b"\r" not in chunk
+            and chunk.find(b"\r") < 0
             and chunk[:1] != b"\n"
         ):
             # The usual read of a model's stream: exactly one whole event. No split, no
             # copies of the chunk (this runs once per token).
             return chunk if self._inspect(chunk[:-2]) else b""
-        if self._cr or b"\r" in chunk:  # CRLF servers
+        if self._cr or chunk.find(b"\r") >= 0:  # CRLF servers
             chunk = self._crlf(chunk)
         data = self._tail + chunk if self._tail else chunk
         if data[:1] == b"\n":  # blank lines between events: SSE ignores them, so do we
@@ -121,7 +125,7 @@ class SseRelay:
             end -= 1
         self._tail = data[end + 2 :]
         complete = data[: end + 2]
-        if b"\n\n\n" in complete:  # blank lines inside: drop them, one event per separator
+        if complete.find(b"\n\n\n") >= 0:  # blank lines inside: drop them, one event per separator
             events = [e.strip(b"\n") for e in complete.split(_SEP)]
             events = [e for e in events if e]
             complete = b"".join(e + _SEP for e in events)
@@ -167,9 +171,9 @@ class SseRelay:
         if payload == b"[DONE]":
             self.done = True
             return True
-        if (self._skim or (self._skim_deltas and b'.delta"' in payload)) and not _names_usage(
-            payload
-        ):
+        if (
+            self._skim or (self._skim_deltas and payload.find(b'.delta"') >= 0)
+        ) and not _names_usage(payload):
             # A `.delta"` right before a quote is a type name: in a JSON string that quote
             # would be escaped.
             self._unread.append(payload)

@@ -3,6 +3,9 @@ recent completions per model, capped by max_tokens, the default until enough are
 
 from __future__ import annotations
 
+import math
+import random
+
 from app.limits.output import MAX_SERIES, MIN_SAMPLES, SAMPLES, OutputEstimator
 
 
@@ -40,3 +43,19 @@ def test_the_number_of_series_is_bounded() -> None:
         est.observe(f"k{i}", "m", 1)
     assert len(est._series) == MAX_SERIES
     assert est.estimate("k0", "m") is None  # the least recently seen went first
+
+
+def test_the_estimate_is_the_percentile_of_exactly_the_last_samples() -> None:
+    """The ordered copy kept as samples come and go answers as sorting them would."""
+    rng = random.Random(7)
+    for percentile in (0.5, 0.95, 1.0):
+        est = OutputEstimator(percentile)
+        seen: list[int] = []
+        for _ in range(3 * SAMPLES + 17):
+            value = rng.choice((0, 1, 5, 5, 5, 64, 300, 301, 4096, -3))
+            est.observe("k", "m", value)
+            seen.append(max(0, value))
+            last = sorted(seen[-SAMPLES:])
+            rank = max(0, math.ceil(percentile * len(last)) - 1)
+            want = last[rank] if len(last) >= MIN_SAMPLES else None
+            assert est.estimate("k", "m") == want

@@ -166,6 +166,37 @@ async def test_stream_silent_after_its_head_times_out() -> None:
         await within(up.peers[0].eof.wait())
 
 
+async def test_stream_silent_after_some_events_times_out_and_a_busy_reader_does_not() -> None:
+    """Once the body is handed over, its silence is bounded by the transport's watch (not
+    aiohttp's timer per read): events keep it alive, then silence while the reader waits
+    fails it with the same ambiguous timeout, and never before the read timeout."""
+
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(CHUNKED_HEAD)
+        await peer.trickle([chunked(b"data: %d\n\n" % i) for i in range(4)], 0.05)
+        await peer.wait_eof()  # then nothing more
+
+    async with Upstream(handler) as up, transport(read=0.3) as t:
+        resp = await post(t, up.url(), stream=True)
+        received: list[bytes] = []
+        last = 0.0
+
+        async def read_all() -> None:
+            nonlocal last
+            async for chunk in resp.chunks():
+                received.append(chunk)
+                last = asyncio.get_running_loop().time()
+
+        err = await failure(read_all())
+        silent = asyncio.get_running_loop().time() - last
+        assert (err.reason, err.ambiguous) == ("timeout", True)
+        assert b"".join(received) == b"".join(b"data: %d\n\n" % i for i in range(4))
+        assert silent >= 0.3  # the read timeout, never less (lateness depends on the load)
+        await resp.close()
+        await within(up.peers[0].eof.wait())
+
+
 async def test_total_deadline_bounds_a_trickling_non_streamed_answer() -> None:
     async with Upstream(trickle_body) as up, transport(read=0.2, total=0.3) as t:
         resp = await post(t, up.url())
