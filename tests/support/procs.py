@@ -39,23 +39,66 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortTaken(RuntimeError):
+    """Another process answered on the port picked for ours, and ours exited.
+
+    `free_port` is a race: the port is free when picked and bound only when the server
+    starts, so two test workers (or two test sessions) may pick the same one. The loser
+    fails to bind while the winner answers its health check; without this check a test
+    then talked to another test's gateway (a valid key refused with 401, seen in CI)."""
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on `port` (Linux's /proc/net tables)."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    found.add(fields[9])
+    return found
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on `port`."""
+    inodes = _listening_inodes(port)
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return True
+    return False
+
+
 def wait_http(
     url: str,
     *,
     timeout: float = PATIENCE,
     proc: subprocess.Popen[bytes] | None = None,
     headers: dict[str, str] | None = None,
+    own: bool = False,
 ) -> None:
+    """Wait until `url` answers below 500. With `own`, the answer must come from `proc`
+    itself (it holds the listening socket), else `PortTaken` once `proc` exits."""
     deadline = time.monotonic() + timeout
     last: object = None
+    foreign = False
+    port = httpx.URL(url).port
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
+            if foreign:
+                raise PortTaken(f"another process answered on {url}; ours exited")
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
         try:
             r = httpx.get(url, timeout=1.0, headers=headers)
             if r.status_code < 500:
-                return
-            last = r.status_code
+                if not own or proc is None or port is None or listens_on(proc.pid, port):
+                    return
+                foreign, last = True, "another process answered"
+            else:
+                last = r.status_code
         except httpx.HTTPError as exc:
             last = exc
         time.sleep(0.05)
@@ -122,15 +165,21 @@ class Sim:
 
 
 def start_sim(*args: str, api_key: str = UPSTREAM_KEY, port: int | None = None) -> Sim:
-    port = port or free_port()
-    proc = subprocess.Popen(
-        _cli("sim", "--port", str(port), "--api-key", api_key, *args),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_http(f"http://127.0.0.1:{port}/_sim/stats", proc=proc)
-    return Sim(port, proc, api_key)
+    for _ in range(3):
+        at = port or free_port()
+        proc = subprocess.Popen(
+            _cli("sim", "--port", str(at), "--api-key", api_key, *args),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_http(f"http://127.0.0.1:{at}/_sim/stats", proc=proc, own=True)
+            return Sim(at, proc, api_key)
+        except PortTaken:
+            if port is not None:  # the caller's own port: nothing to move to
+                raise
+    raise PortTaken("no free port for the sim")
 
 
 def digest(key: str) -> str:
@@ -146,6 +195,7 @@ class Gateway:
     env: dict[str, str]
     args: list[str]
     log_path: Path
+    fixed_port: bool = False  # the caller chose the port: never moved on PortTaken
     # SDK clients made for this gateway, closed when it stops. An SDK client sits in a
     # reference cycle (client <-> its resources), so only the cyclic collector frees one
     # left open, finalizing its pooled sockets in any order: some tests later, a socket
@@ -204,14 +254,23 @@ class Gateway:
 
     def ready(self, timeout: float = 60.0) -> Gateway:
         """Wait until a gateway started with `wait=False` answers: replicas started
-        together boot side by side instead of one after the other."""
-        wait_http(f"{self.url}/health", proc=self.proc, timeout=timeout)
-        return self
+        together boot side by side instead of one after the other. A port another
+        process won meanwhile (`PortTaken`) is given up for a new one."""
+        for _ in range(3):
+            try:
+                wait_http(f"{self.url}/health", proc=self.proc, timeout=timeout, own=True)
+                return self
+            except PortTaken:
+                if self.fixed_port:
+                    raise
+                self.port = free_port()
+                self.proc = _spawn_gateway(self.port, self.args, self.env, self.workdir)
+        raise PortTaken(f"no free port for the gateway in {self.workdir}")
 
     def restart(self) -> None:
         stop(self.proc)  # its clients stay open: they reconnect to the new process
         self.proc = _spawn_gateway(self.port, self.args, self.env, self.workdir)
-        wait_http(f"{self.url}/health", proc=self.proc)
+        wait_http(f"{self.url}/health", proc=self.proc, own=True)
 
 
 def _spawn_gateway(
@@ -270,7 +329,7 @@ def start_gateway(
     wait: bool = True,
 ) -> Gateway:
     workdir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
+    chosen, port = port, free_port()
     toml = _merge(seed_toml(), spec.toml)
     settings = _merge(seed_settings(), spec.settings)
     keys = {
@@ -304,13 +363,13 @@ def start_gateway(
         str(workdir / "settings.json"),
         *spec.args,
     ]
-    proc = _spawn_gateway(port, args, env, workdir)
-    gw = Gateway(port, proc, workdir, keys, env, args, log_path)
+    proc = _spawn_gateway(chosen or port, args, env, workdir)
+    gw = Gateway(chosen or port, proc, workdir, keys, env, args, log_path, chosen is not None)
     if wait:
         try:  # a bound, not a speed test: a loaded machine starts a gateway slowly
-            wait_http(f"{gw.url}/health", proc=proc, timeout=60.0)
+            gw.ready()
         except BaseException:
-            stop(proc)  # never left running when the caller gets no Gateway to stop
+            stop(gw.proc)  # never left running when the caller gets no Gateway to stop
             raise
     return gw
 
