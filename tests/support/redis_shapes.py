@@ -9,6 +9,7 @@ and kills them on exit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import socket
@@ -17,9 +18,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.limits.shared_store import SharedStore
 from tests.support.procs import free_port
 from tests.support.tls import Certificate
-from tests.support.waiting import wait_until
+from tests.support.waiting import PATIENCE, wait_until
 
 
 def cluster_port() -> int:
@@ -265,3 +267,16 @@ def cluster(workdir: Path, masters: int = 3) -> Iterator[Cluster]:
     finally:
         for n in nodes:
             n.kill()
+
+
+async def sharing(store: SharedStore) -> SharedStore:
+    """`store` started and sharing its limits through Redis. On a loaded machine the first
+    connect may miss `redis.connect_timeout_ms`; the store then rightly fails open, and a
+    gateway's once-a-second housekeeping reconnects it: do what that does until it shares
+    (a bound on a hang, not on the machine's speed)."""
+    await store.start()
+    async with asyncio.timeout(PATIENCE):
+        while not store.engine.usable:
+            await asyncio.sleep(0.1)
+            await store.engine.housekeeping()
+    return store

@@ -14,6 +14,7 @@ from app.config.schema import RedisConfig
 from app.limits.concurrency import SharedSlots
 from app.limits.shared_store import SharedStore
 from tests.support.procs import Redis, redis_server
+from tests.support.redis_shapes import sharing
 
 tasks: set[asyncio.Task[None]] = set()
 
@@ -33,7 +34,7 @@ async def pair() -> AsyncIterator[tuple[SharedStore, SharedStore, Redis]]:
             for i in range(2)
         )
         for store in stores:
-            await store.start()
+            await sharing(store)
         yield stores[0], stores[1], server
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)

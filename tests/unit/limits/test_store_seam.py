@@ -14,6 +14,7 @@ from app.limits.shared_store import SharedStore
 from app.state.link import connect
 from app.state.redis_engine import RedisEngine
 from tests.support.procs import redis_server
+from tests.support.redis_shapes import sharing
 
 
 async def test_a_memory_store_is_local_and_always_admits() -> None:
@@ -64,8 +65,8 @@ async def test_redis_replicas_announce_themselves_and_leave_on_close() -> None:
         cfg = RedisConfig(url=server.url)
         a = SharedStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-a:1")
         b = SharedStore.from_config(cfg, spawn=spawn, on_state=None, replica="host-b:2")
-        await a.start()  # the first heartbeat is part of starting
-        await b.start()
+        await sharing(a)  # the first heartbeat is part of starting
+        await sharing(b)
         try:
             seen = await a.replicas()
             assert set(seen) == {"host-a:1", "host-b:2"}
