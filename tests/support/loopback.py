@@ -67,6 +67,10 @@ class Peer:
         """Send `pieces` one by one, `interval` apart, until the client goes away."""
         for piece in pieces:
             if self.reader.at_eof() or self.writer.is_closing():
+                # Gone: its FIN read, or a write after its close reset the connection and
+                # closed our transport. Said either way: on a loaded machine the reset
+                # often comes first, and the FIN is then never read (seen in a loaded run).
+                self.eof.set()
                 return
             await self.send(piece)
             await asyncio.sleep(interval)
