@@ -283,10 +283,11 @@ class Gateway:
     up: Upstream
     counter: Counter
     idle_per_s: float = 0.0
+    key: str = subjects.GATEWAY_KEY  # the floor relay passes the upstream's key through
 
     def run(self, s: Scenario, n: int) -> float:
         """Instructions per request over `n` requests one after another."""
-        with httpx.Client(base_url=self.url, headers=subjects.bearer(subjects.GATEWAY_KEY)) as c:
+        with httpx.Client(base_url=self.url, headers=subjects.bearer(self.key)) as c:
             send(c, self.up, s)  # the connection is open before counting starts
 
             def load() -> None:
@@ -310,11 +311,15 @@ def faketime() -> str:
     return str(found[0])
 
 
-def start_gateway(group: Group, tmp: Path, name: str, redis_url: str | None) -> Gateway:
-    up = start_upstream()
+def _callgrind(tmp: Path, name: str) -> tuple[Path, list[str], dict[str, str]]:
     dump = tmp / f"callgrind-{name}.out"
     vg = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}"]
-    extra = {"PYTHONHASHSEED": "0", "LD_PRELOAD": faketime(), "FAKETIME": CLOCK}
+    return dump, vg, {"PYTHONHASHSEED": "0", "LD_PRELOAD": faketime(), "FAKETIME": CLOCK}
+
+
+def start_gateway(group: Group, tmp: Path, name: str, redis_url: str | None) -> Gateway:
+    up = start_upstream()
+    dump, vg, extra = _callgrind(tmp, name)
     subject = subjects.tokengate(
         group,
         name,
@@ -394,8 +399,36 @@ def measure_redis(gw: Gateway, n: int, warmup: int, max_rounds: int) -> dict[str
 
 
 def send_one(gw: Gateway, s: Scenario) -> None:
-    with httpx.Client(base_url=gw.url, headers=subjects.bearer(subjects.GATEWAY_KEY)) as c:
+    with httpx.Client(base_url=gw.url, headers=subjects.bearer(gw.key)) as c:
         send(c, gw.up, s)
+
+
+def start_floor(group: Group, tmp: Path) -> Gateway:
+    """The floor relay (`floor_app:relay`: uvicorn + aiohttp, nothing of tokengate) under
+    the same callgrind, clock and upstream as the gateway."""
+    up = start_upstream()
+    dump, vg, extra = _callgrind(tmp, "floor")
+    subject = subjects.floor(
+        group, "floor", "relay", up.url, stream=False, cpus=None, wrap=vg, extra_env=extra
+    )
+    assert subject.proc is not None
+    return Gateway(
+        "floor", subject.url, up, Counter(subject.proc.pid, dump), key=subjects.UPSTREAM_KEY
+    )
+
+
+def measure_floor(n: int, warmup: int, max_rounds: int) -> dict[str, Figure]:
+    """The floor relay's figures for the chat scenarios (not budgeted: a yardstick)."""
+    tmp = Path(tempfile.mkdtemp(prefix="tokengate-guard-floor-"))
+    tmp.chmod(0o755)
+    try:
+        with Group(tmp) as group:
+            gw = start_floor(group, tmp)
+            figures = measure_default(gw, n, warmup, max_rounds, frozenset({"responses_stream"}))
+            print(f"floor: {gw.idle_per_s:,.0f} instructions a second idle")
+            return figures
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure_all(
@@ -525,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("responses_stream", "chat_json_redis"),
         help="leave scenarios out (an older tree without them)",
     )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also count the floor relay (uvicorn + aiohttp alone) and print tokengate / floor",
+    )
     args = p.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed: `make cost-guard` installs it", file=sys.stderr)
@@ -535,6 +573,12 @@ def main(argv: list[str] | None = None) -> int:
     text = args.budgets.read_text()
     budgets = load_budgets(text)
     print(report(budgets, figures))
+    if args.floor:
+        floor = measure_floor(args.n, args.warmup, args.rounds)
+        print("\n| scenario | floor relay | tokengate | floor / tokengate |\n|---|---|---|---|")
+        for name, f in floor.items():
+            ours = figures[name].value
+            print(f"| {name} | {f.value:,.0f} | {ours:,.0f} | {f.value / ours:.3f} |")
     print(f"\n({time.monotonic() - started:.0f} s; fails above budget x {1 + TOLERANCE:g})")
     unsettled = [n for n, f in figures.items() if f.spread > AGREE]
     if unsettled:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
+import pstats
 import sys
 import tempfile
 import time
@@ -153,7 +155,12 @@ def _scope(body: bytes) -> dict[str, Any]:
 
 
 async def _run(
-    stream: bool, requests: int, rounds: int, concurrency: int, events: int = 0
+    stream: bool,
+    requests: int,
+    rounds: int,
+    concurrency: int,
+    events: int = 0,
+    profile: cProfile.Profile | None = None,
 ) -> float:
     from app.bootstrap import load_runtime, setup_process
     from app.main import create_app
@@ -198,11 +205,30 @@ async def _run(
         await load(max(200, concurrency))  # warm-up: caches, label children, ledger rows
         for _ in range(rounds):
             started = time.process_time()
+            if profile is not None:
+                profile.enable()
             await load(requests)
+            if profile is not None:
+                profile.disable()
             best = min(best, (time.process_time() - started) / requests * 1e6)
     if set(statuses) != {200}:
         raise RuntimeError(f"answers by status: {statuses}")
     return best
+
+
+def _print_profile(profile: cProfile.Profile, top: int, requests: int) -> None:
+    """Own time and calls per request, largest own time first (profiler-inflated times:
+    compare them with each other)."""
+    stats = pstats.Stats(profile)
+    rows = []
+    for (path, line, name), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{Path(path).parent.name}/{Path(path).name}:{line}({name})" if line else name
+        rows.append((own, cumulative, calls, where))
+    total = sum(r[0] for r in rows)
+    print(f"{'own %':>6} {'cum µs':>8} {'calls':>6}  function (per request)")
+    for own, cumulative, calls, where in sorted(rows, reverse=True)[:top]:
+        per_call = cumulative / requests * 1e6
+        print(f"{own / total:6.1%} {per_call:8.1f} {calls / requests:6.2f}  {where}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,11 +252,24 @@ def main(argv: list[str] | None = None) -> int:
         help="sse: the upstream's answer arrives as this many events, each read and relayed "
         "on its own (0: the static upstream's whole body at once)",
     )
+    p.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        default=0,
+        help="print cProfile's top N functions of the measured rounds only (no start-up, "
+        "no warm-up); calls are per request",
+    )
     args = p.parse_args(argv)
+    profile = cProfile.Profile() if args.profile else None
     with tempfile.TemporaryDirectory(prefix="tokengate-ownpath-") as tmp:
         _environ(Path(tmp), "info" if args.info else "warning")
-        run = _run(args.mode == "sse", args.requests, args.rounds, args.concurrency, args.events)
+        run = _run(
+            args.mode == "sse", args.requests, args.rounds, args.concurrency, args.events, profile
+        )
         us = uvloop.run(run)
+    if profile is not None:
+        _print_profile(profile, args.profile, args.requests * args.rounds)
     events = f", {args.events} events an answer" if args.events else ""
     print(
         f"{args.mode} c={args.concurrency}{events}: {us:.1f} µs of CPU per request in the "

@@ -138,6 +138,7 @@ def floor(
     stream: bool,
     cpus: str | None,
     wrap: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Subject:
     """uvicorn as `tokengate serve` runs it, on one of `floor_app`'s bare apps (`canned`:
     no upstream; `relay`: aiohttp to `upstream`): the libraries' own cost, nothing else."""
@@ -146,6 +147,7 @@ def floor(
     cmd += ["--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
     cmd += ["--no-server-header", "--no-proxy-headers"]
     env = clean_env(FLOOR_UPSTREAM=upstream, FLOOR_CANNED="sse" if stream else "json")
+    env.update(extra_env or {})
     proc = group.start(name, pinned([*(wrap or ()), *cmd], cpus), env=env)
     wait_port(port, proc, timeout=900 if wrap else 10)
     notes = [f"uvicorn (uvloop, httptools) on floor_app:{app}: no feature of tokengate"]
