@@ -22,6 +22,7 @@ The watcher is a child of the request and always ends with it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -99,10 +100,12 @@ class _Watch:
             self._ticker.arm(self)
         return message
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        # Not a coroutine of its own: the server's `send(message)` goes back to the caller
+        # to await, one frame less for every message (each SSE event is one).
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
-        await self._send(message)
+        return self._send(message)
 
     def start(self) -> None:
         if not self.finished and self._watcher is None:
