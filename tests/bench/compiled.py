@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.procs import ROOT
+from tests.bench.procs import ROOT, scratch
 
 PACKAGES = (
     "app/pipeline",
@@ -106,20 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=("ownpath", "guard"), help="run one of the two")
     p.add_argument("--keep", action="store_true", help="keep the compiled copy")
     args = p.parse_args(argv)
-    copy = Path(tempfile.mkdtemp(prefix="tokengate-mypyc-"))
-    copy.chmod(0o755)
-    try:
+    with scratch("tokengate-mypyc-", args.keep) as copy:
         unpack(copy)
         compile_hot(copy)
         if args.only in (None, "ownpath"):
             run_on(copy, "tests.bench.ownpath", "--requests", "5000")
         if args.only in (None, "guard"):
             run_on(copy, "tests.bench.guard", "--floor")
-    finally:
-        if args.keep:
-            print(f"kept {copy}")
-        else:
-            shutil.rmtree(copy, ignore_errors=True)
     return 0
 
 

@@ -24,12 +24,19 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from tests.bench import common, subjects, throughput
 from tests.bench.common import Plan
-from tests.bench.procs import ROOT, Group, free_port, sigterm_as_interrupt, wait_http, wait_port
+from tests.bench.procs import (
+    ROOT,
+    Group,
+    free_port,
+    scratch,
+    sigterm_as_interrupt,
+    wait_http,
+    wait_port,
+)
 
 SUBJECTS = (
     "tokengate-uvicorn",
@@ -128,42 +135,37 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sigterm_as_interrupt()
     plan = Plan.unpinned(seconds=args.seconds)
-    tmp = Path(tempfile.mkdtemp(prefix="tokengate-engines-"))
-    tmp.chmod(0o755)
-    try:
-        with Group(tmp) as group:
-            up = throughput.start_upstream(group, tmp, plan)
-            url = up.json_url
-            start = {
-                "tokengate-uvicorn": lambda: subjects.tokengate(
-                    group, "tokengate-uvicorn", tmp / "tgu", url, workers=1
-                ),
-                "tokengate-granian": lambda: tokengate_granian(group, tmp / "tgg", url),
-                "tokengate-pyreqwest": lambda: tokengate_reqwest(group, tmp / "tgr", url),
-                "floor-relay": lambda: subjects.floor(
-                    group, "floor-relay", "relay", url, stream=False, cpus=None
-                ),
-                "floor-relay-granian": lambda: relay_granian(group, url),
-            }
-            subs = [start[name]() for name in SUBJECTS if name in args.only]
-            body = common.chat_body(False)
+    with scratch("tokengate-engines-") as tmp, Group(tmp) as group:
+        up = throughput.start_upstream(group, tmp, plan)
+        url = up.json_url
+        start = {
+            "tokengate-uvicorn": lambda: subjects.tokengate(
+                group, "tokengate-uvicorn", tmp / "tgu", url, workers=1
+            ),
+            "tokengate-granian": lambda: tokengate_granian(group, tmp / "tgg", url),
+            "tokengate-pyreqwest": lambda: tokengate_reqwest(group, tmp / "tgr", url),
+            "floor-relay": lambda: subjects.floor(
+                group, "floor-relay", "relay", url, stream=False, cpus=None
+            ),
+            "floor-relay-granian": lambda: relay_granian(group, url),
+        }
+        subs = [start[name]() for name in SUBJECTS if name in args.only]
+        body = common.chat_body(False)
+        for s in subs:
+            common.cell(s, body, args.c, plan, tmp, seconds=1)  # warm-up
+        rows: dict[str, list[dict[str, object]]] = {s.name: [] for s in subs}
+        for _ in range(args.rounds):
             for s in subs:
-                common.cell(s, body, args.c, plan, tmp, seconds=1)  # warm-up
-            rows: dict[str, list[dict[str, object]]] = {s.name: [] for s in subs}
-            for _ in range(args.rounds):
-                for s in subs:
-                    rows[s.name].append(common.cell(s, body, args.c, plan, tmp))
-            print(f"c={args.c}, {args.seconds:g} s a cell, {args.rounds} rounds, unpinned")
-            print("| subject | req/s per round | CPU µs/request | non-2xx | other load |")
-            print("|---|---|---|---|---|")
-            for name, cells in rows.items():
-                rps = " · ".join(f"{c['rps']}" for c in cells)
-                cpu = " · ".join(f"{c['subject_cpu_us_per_req']}" for c in cells)
-                bad = sum(int(str(c["status"])) for c in cells)
-                other = " · ".join(f"{c['other_cpu_util']}" for c in cells)
-                print(f"| {name} | {rps} | {cpu} | {bad} | {other} |")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+                rows[s.name].append(common.cell(s, body, args.c, plan, tmp))
+        print(f"c={args.c}, {args.seconds:g} s a cell, {args.rounds} rounds, unpinned")
+        print("| subject | req/s per round | CPU µs/request | non-2xx | other load |")
+        print("|---|---|---|---|---|")
+        for name, cells in rows.items():
+            rps = " · ".join(f"{c['rps']}" for c in cells)
+            cpu = " · ".join(f"{c['subject_cpu_us_per_req']}" for c in cells)
+            bad = sum(int(str(c["status"])) for c in cells)
+            other = " · ".join(f"{c['other_cpu_util']}" for c in cells)
+            print(f"| {name} | {rps} | {cpu} | {bad} | {other} |")
     return 0
 
 

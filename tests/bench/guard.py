@@ -44,7 +44,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import tomllib
@@ -56,7 +55,7 @@ from pathlib import Path
 import httpx
 
 from tests.bench import nginx, subjects
-from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
+from tests.bench.procs import ROOT, Group, scratch, sigterm_as_interrupt
 
 BUDGETS = ROOT / "tests" / "bench" / "budgets.toml"
 TOLERANCE = 0.03  # over budget by more than this fails
@@ -419,45 +418,33 @@ def start_floor(group: Group, tmp: Path) -> Gateway:
 
 def measure_floor(n: int, warmup: int, max_rounds: int) -> dict[str, Figure]:
     """The floor relay's figures for the chat scenarios (not budgeted: a yardstick)."""
-    tmp = Path(tempfile.mkdtemp(prefix="tokengate-guard-floor-"))
-    tmp.chmod(0o755)
-    try:
-        with Group(tmp) as group:
-            gw = start_floor(group, tmp)
-            figures = measure_default(gw, n, warmup, max_rounds, frozenset({"responses_stream"}))
-            print(f"floor: {gw.idle_per_s:,.0f} instructions a second idle")
-            return figures
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with scratch("tokengate-guard-floor-") as tmp, Group(tmp) as group:
+        gw = start_floor(group, tmp)
+        figures = measure_default(gw, n, warmup, max_rounds, frozenset({"responses_stream"}))
+        print(f"floor: {gw.idle_per_s:,.0f} instructions a second idle")
+        return figures
 
 
 def measure_all(
     n: int, warmup: int, max_rounds: int, skip: frozenset[str] = frozenset()
 ) -> dict[str, Figure]:
     """Every scenario's figure: the default gateway's, then the Redis one's."""
-    tmp = Path(tempfile.mkdtemp(prefix="tokengate-guard-"))
-    tmp.chmod(0o755)
-    try:
-        with Group(tmp) as group:
-            redis_url = subjects.redis_server(group)
-            if redis_url is None:
-                raise RuntimeError("redis-server is not installed (make system-deps)")
-            gws = {"guard": start_gateway(group, tmp, "guard", None)}
-            figures = measure_default(gws["guard"], n, warmup, max_rounds, skip)
-            if "chat_json_redis" not in skip:
-                gws["guard-redis"] = start_gateway(group, tmp, "guard-redis", redis_url)
-                figures |= measure_redis(gws["guard-redis"], n, warmup, max_rounds)
-            stalls = sum(g.up.stalls for g in gws.values())
-            if stalls:
-                raise RuntimeError(f"{stalls} lockstep waits timed out: the counts are not exact")
-            for g in gws.values():
-                print(f"{g.name}: {g.idle_per_s:,.0f} instructions a second idle")
-            return figures
-    finally:
-        if os.environ.get("GUARD_KEEP"):
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    keep = bool(os.environ.get("GUARD_KEEP"))
+    with scratch("tokengate-guard-", keep) as tmp, Group(tmp) as group:
+        redis_url = subjects.redis_server(group)
+        if redis_url is None:
+            raise RuntimeError("redis-server is not installed (make system-deps)")
+        gws = {"guard": start_gateway(group, tmp, "guard", None)}
+        figures = measure_default(gws["guard"], n, warmup, max_rounds, skip)
+        if "chat_json_redis" not in skip:
+            gws["guard-redis"] = start_gateway(group, tmp, "guard-redis", redis_url)
+            figures |= measure_redis(gws["guard-redis"], n, warmup, max_rounds)
+        stalls = sum(g.up.stalls for g in gws.values())
+        if stalls:
+            raise RuntimeError(f"{stalls} lockstep waits timed out: the counts are not exact")
+        for g in gws.values():
+            print(f"{g.name}: {g.idle_per_s:,.0f} instructions a second idle")
+        return figures
 
 
 # -- budgets -----------------------------------------------------------------------------

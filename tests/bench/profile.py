@@ -28,7 +28,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from tests.bench import common, subjects, throughput, wrk
 from tests.bench.common import Plan
-from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
+from tests.bench.procs import ROOT, Group, scratch, sigterm_as_interrupt
 
 _FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^():]*)(?::\d+)?\)$")
 
@@ -212,14 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     args.c = args.c or (8 if args.callgrind else 64)
     sigterm_as_interrupt()
     args.out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="tokengate-profile-"))
-    tmp.chmod(0o755)
-    try:
-        with Group(tmp) as group:
-            run = _callgrind if args.callgrind else _pyspy
-            run(args, group, tmp, Plan(), args.out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with scratch("tokengate-profile-") as tmp, Group(tmp) as group:
+        run = _callgrind if args.callgrind else _pyspy
+        run(args, group, tmp, Plan(), args.out)
     return 0
 
 

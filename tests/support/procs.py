@@ -329,7 +329,8 @@ def start_gateway(
     wait: bool = True,
 ) -> Gateway:
     workdir.mkdir(parents=True, exist_ok=True)
-    chosen, port = port, free_port()
+    fixed = port is not None  # the caller's port is never moved on PortTaken
+    port = port or free_port()
     toml = _merge(seed_toml(), spec.toml)
     settings = _merge(seed_settings(), spec.settings)
     keys = {
@@ -363,8 +364,8 @@ def start_gateway(
         str(workdir / "settings.json"),
         *spec.args,
     ]
-    proc = _spawn_gateway(chosen or port, args, env, workdir)
-    gw = Gateway(chosen or port, proc, workdir, keys, env, args, log_path, chosen is not None)
+    proc = _spawn_gateway(port, args, env, workdir)
+    gw = Gateway(port, proc, workdir, keys, env, args, log_path, fixed)
     if wait:
         try:  # a bound, not a speed test: a loaded machine starts a gateway slowly
             gw.ready()
