@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import sqlite3
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.util import await_only
 
 from app.config.schema import DatabaseConfig
 from app.db.private import open_private, private_file
@@ -171,12 +173,8 @@ def _sqlite_engine(url: Any, cfg: DatabaseConfig) -> AsyncEngine:
     def _pragmas(dbapi_conn: Any, record: Any) -> None:
         dbapi_conn.isolation_level = None  # no implicit transactions: see `_begin`
         cursor = dbapi_conn.cursor()
-        for pragma in (
-            "journal_mode=WAL",
-            "synchronous=NORMAL",
-            f"busy_timeout={busy_ms}",
-            "foreign_keys=ON",
-        ):
+        _wal(cursor, cfg.statement_timeout_sec)
+        for pragma in ("synchronous=NORMAL", f"busy_timeout={busy_ms}", "foreign_keys=ON"):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
@@ -185,6 +183,26 @@ def _sqlite_engine(url: Any, cfg: DatabaseConfig) -> AsyncEngine:
         conn.exec_driver_sql("BEGIN")
 
     return engine
+
+
+def _wal(cursor: Any, wait_sec: float) -> None:
+    """`PRAGMA journal_mode=WAL`, waiting for the lock as long as the busy timeout would.
+
+    Turning a new file to WAL takes it exclusively, and SQLite answers a connection that
+    already reads it with SQLITE_BUSY at once rather than calling the busy handler (it
+    cannot tell a wait from a deadlock): replicas opening a new database together failed
+    to start with `database is locked` (tests/unit/db/test_migrate.py, 2 runs in 25 under
+    load). Runs in SQLAlchemy's connect hook, inside its greenlet: the wait is the loop's
+    sleep, never a blocking one."""
+    deadline = asyncio.get_running_loop().time() + wait_sec
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or asyncio.get_running_loop().time() >= deadline:
+                raise
+        await_only(asyncio.sleep(0.01))
 
 
 def _pg_engine(url: Any, cfg: DatabaseConfig) -> AsyncEngine:
