@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps codex-cli claude-code agents-refresh bench-deps demo test test-fast test-loaded test-unit test-e2e lint format docs bench cost-guard cost-budgets clean
+.PHONY: help install system-deps codex-cli claude-code agents-refresh bench-deps demo test test-fast test-loaded test-unit test-e2e compiled test-compiled lint format docs bench cost-guard cost-budgets clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -107,6 +107,26 @@ test-unit: install system-deps ## unit tests only (in-process, plus redis-server
 test-e2e: install system-deps codex-cli claude-code ## end-to-end tests only (real servers on loopback)
 	$(BIN)/python -m pytest -q tests/e2e
 
+# The compiled build (issue #32; setup.py, app/build.py): the request's path as mypyc C
+# extensions, as the image ships it. Built into a wheel under build/ and installed into
+# build/compiled with `pip install --target`; never compiled in place, so an edit of the
+# source is never shadowed by a stale extension.
+COMPILED := build/compiled
+compiled: install ## build the compiled wheel (mypyc, gcc) and install it into build/compiled
+	$(call apt,gcc:gcc)
+	$(BIN)/python -m pip install --quiet "setuptools>=77"
+	rm -rf build
+	TOKENGATE_COMPILE=1 $(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w build/wheel .
+	$(BIN)/python -m pip install --quiet --no-deps --target $(COMPILED) build/wheel/tokengate-*.whl
+	@$(BIN)/python -c "import sys; sys.path.insert(0, '$(COMPILED)'); from app import build; \
+	  print('build/compiled:', build.build_name(), build.compiled_modules())"
+
+# End-to-end tests whose gateways and sims run the compiled build (the test process stays on
+# the source): the paths where compiled code could differ from interpreted.
+COMPILED_TESTS ?= $(shell grep -v "^#" tests/compiled.txt)
+test-compiled: compiled system-deps ## the end-to-end tests of tests/compiled.txt on the compiled build
+	TOKENGATE_TEST_BUILD=$(abspath $(COMPILED)) $(BIN)/python -m pytest -q $(XDIST) $(COMPILED_TESTS)
+
 lint: install ## ruff (lint + format check), mypy --strict (app and tests), the import layers (import-linter)
 	$(BIN)/ruff check app tests
 	$(BIN)/ruff format --check app tests
@@ -120,8 +140,8 @@ format: install ## apply ruff's formatting and safe fixes
 docs: install ## regenerate docs/configuration.md's reference from the schema
 	$(BIN)/python -c "import pathlib; from app.config.reference import DOC, splice; p = pathlib.Path(DOC); p.write_text(splice(p.read_text()))"
 
-bench: install bench-deps ## side-by-side benchmark (results under tests/bench/results/)
-	$(BIN)/python -m tests.bench.run
+bench: install bench-deps compiled ## side-by-side benchmark of the compiled build (results under tests/bench/results/)
+	$(BIN)/python -m tests.bench.run --build $(COMPILED)
 
 # The hot path's cost guard (tests/bench/guard.py): instructions per request under callgrind
 # for fixed scenarios, against tests/bench/budgets.toml; `.ci/run` runs it after the suite.

@@ -26,7 +26,7 @@ from app.billing.prices import to_nanos
 from app.config.cluster import HeaderPolicyConfig
 from app.config.problems import ConfigError, Problem
 from app.config.schema import BudgetConfig, KeyConfig, ScaleUpConfig, Settings
-from app.kinds import ApiStyle, BudgetScope, Priority, ServiceTier
+from app.kinds import ApiStyle, BudgetMetric, BudgetScope, Priority, ServiceTier
 
 
 @dataclass(frozen=True)
@@ -349,11 +349,14 @@ def _budgets(
     """One `Budget` per limit: a `max_cost` and a `max_tokens` of one period are two."""
     out: list[Budget] = []
     for i, cfg in enumerate(found):
-        limits = (("cost", cfg.max_cost and to_nanos(cfg.max_cost)), ("tokens", cfg.max_tokens))
+        limits = (
+            (BudgetMetric.COST, cfg.max_cost and to_nanos(cfg.max_cost)),
+            (BudgetMetric.TOKENS, cfg.max_tokens),
+        )
         for metric, limit in limits:
             if not limit:
                 continue
-            budget = Budget(scope, owner, cfg.period, metric, limit, cfg.on_short)  # type: ignore[arg-type]
+            budget = Budget(scope, owner, cfg.period, metric, limit, cfg.on_short)
             if any(b.name == budget.name for b in out):
                 problems.append(
                     Problem(

@@ -50,7 +50,7 @@ from app.billing.prices import render
 from app.billing.shared_spend import SharedSpend
 from app.config.schema import Settings
 from app.errors import BudgetExceeded, ModelNotPriced
-from app.kinds import BudgetPeriod
+from app.kinds import BudgetMetric, BudgetPeriod, BudgetScope
 
 OwnerPeriod = tuple[str, str, BudgetPeriod]  # (scope, owner, period)
 # An answer waits at most this long for its hold's settle in Redis (one or two calls of
@@ -366,7 +366,13 @@ class SpendGate:
             else b
             for b in configured
         ]
-        out += [Budget(scope, owner, p, m, o.limit) for (p, m), o in live.items()]  # type: ignore[arg-type]
+        # The enums themselves, not their strings: a compiled `Budget` checks its fields'
+        # types (an override's row holds plain strings).
+        kind = BudgetScope(scope)
+        out += [
+            Budget(kind, owner, BudgetPeriod(p), BudgetMetric(m), o.limit)
+            for (p, m), o in live.items()
+        ]
         return out
 
     def windows(self, now: float) -> dict[BudgetPeriod, Span]:
@@ -439,7 +445,8 @@ class SpendGate:
                 key = self.keys.get(owner)
                 configured, team = (key.budgets, key.team) if key else ((), None)
             else:
-                configured, team = self.teams.get(owner, ()), None
+                configured = self.teams.get(owner, ())
+                team = None
             totals = {p: (w, spent.get((scope, owner, w.id), ZERO)) for p, w in windows.items()}
             budgets = self._states(scope, owner, configured, now, lambda k: spent.get(k, ZERO))
             out.append(OwnerView(scope, owner, team, totals, budgets))

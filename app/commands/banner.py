@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import urlsplit
 
+from app import build
 from app.kinds import ApiStyle
 from app.log import redacted_url
 from app.runtime import DomainSpec, Runtime
@@ -39,7 +39,7 @@ def render(
 ) -> str:
     env = os.environ if environ is None else environ
     plural = "s" if workers > 1 else ""
-    lines = [f"tokengate {_version()} listening on {url} ({workers} worker{plural})"]
+    lines = [f"tokengate {build.installed_version()} listening on {url} ({workers} worker{plural})"]
     proxies = Proxies(dict(env))
     for spec in runtime.domains:
         lines += _domain(spec, proxies)
@@ -47,15 +47,17 @@ def render(
     lines.append(f"  keys      {_keys(runtime, now or datetime.now(UTC))}")
     lines.append(f"  state     {'; '.join(_state(runtime))}")
     lines.append(f"  logs      {_logs(runtime)}")
+    lines.append(f"  build     {_build()}")
     lines.append(f"  try       curl {url}/health/ready   (metrics: {url}/metrics)")
     return "\n".join(lines)
 
 
-def _version() -> str:
-    try:
-        return version("tokengate")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "(source)"
+def _build() -> str:
+    compiled, listed = build.compiled_modules()
+    name = build.build_name()
+    if name == "interpreted":
+        return "interpreted (pure Python; the image is compiled: README, Operations)"
+    return f"{name} with mypyc ({compiled} of {listed} modules of the request's path)"
 
 
 def _domain(spec: DomainSpec, proxies: Proxies) -> list[str]:

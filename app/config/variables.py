@@ -40,6 +40,10 @@ OUTSIDE: dict[str, str] = {
     "TOKENGATE_ALERTS_SECRET": "the spend-alert webhooks' HMAC-SHA256 secret, read from "
     "the variable `alerts.secret_env` names (this one by default)",
     "TOKENGATE_CLAUDE_BIN": "tests only: the Claude Code binary the agent tests run",
+    "TOKENGATE_COMPILE": "build only: `1` compiles the request's path with mypyc "
+    "(`setup.py`; `make compiled`, the image)",
+    "TOKENGATE_TEST_BUILD": "tests only: a directory a build is installed in; the tests "
+    "start their gateways and sims from it (`make test-compiled`)",
     "TOKENGATE_BENCH_LITELLM_VENV": "benchmarks only: where LiteLLM is installed",
 }
 

@@ -133,11 +133,13 @@ def decide(requests: Bucket, tokens: Bucket, cost: int, now: float) -> Decision:
     else:
         wait_t = 0.0 if cost <= t_level else (cost - t_level) / t_rate
     allowed = wait_r == 0 and wait_t == 0
+    limit: str | None  # declared: a tuple's None is no type for the compiled build
     if allowed:  # debit, bounded at one capacity either way
         r_level = min(r_cap, max(-r_cap, r_level - 1))
         t_level = min(t_cap, max(-t_cap, t_level - cost))
         requests.level, tokens.level = r_level, t_level
-        limit, retry_after = None, 0.0
+        limit = None
+        retry_after = 0.0
     else:
         limit = "requests" if wait_r >= wait_t else "tokens"
         retry_after = max(wait_r, wait_t)

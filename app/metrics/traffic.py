@@ -31,6 +31,7 @@ from prometheus_client import (
 )
 from prometheus_client import multiprocess as _mp
 
+from app import build
 from app.kinds import TokenKind
 from app.metrics.agents import AgentFamilies
 from app.metrics.base import LATENCY, QUEUE, UsageLike, multiprocess_enabled
@@ -212,6 +213,15 @@ class Metrics(AgentFamilies, DurableFamilies, CostFamilies):
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.build_info = Gauge(
+            "tokengate_build_info",
+            "1, labelled with the running version and build: compiled (the request's path "
+            "as mypyc C extensions, as the image ships it) or interpreted.",
+            ["version", "build"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.build_info.labels(build.installed_version(), build.build_name()).set(1)
         self._add_durable_state(r)
         self._add_spend(r)
 

@@ -39,7 +39,7 @@ from app.pipeline.trace import Trace
 from app.upstream.answer_usage import Usage
 from app.upstream.attempt import AttemptFailed
 from app.upstream.sse import event_payloads
-from app.upstream.streaming import SseRelay, error_event, failed_event
+from app.upstream.streaming import FrameReader, SseRelay, error_event, failed_event
 from app.upstream.transport import UpstreamResponse
 from app.upstream.turns import failed_frame
 from app.upstream.websocket import SocketAnswer
@@ -68,18 +68,6 @@ class JsonAnswer(NamedTuple):
     body: bytes
     content_type: str
     headers: dict[str, str]
-
-
-class FrameReader(SseRelay):
-    """The relay's reading of events without its SSE framing: an upstream socket's
-    frames, each one event's JSON, read as they came and never rewritten."""
-
-    def __init__(self) -> None:
-        super().__init__(strip_usage_chunk=False)
-
-    def see(self, frame: bytes) -> None:
-        self.events += 1
-        self._parse(frame)
 
 
 class StreamAnswer:

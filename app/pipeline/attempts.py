@@ -73,7 +73,8 @@ class Attempts:
         while True:
             try:
                 # call_with_retries, its first attempt run here (retry.retry_after)
-                started, failed = time.monotonic(), None
+                started = time.monotonic()
+                failed: BaseException | None = None
                 try:
                     reply = await self._attempt(call, model, domain, body, 1, trace)
                 except BaseException as exc:  # tenacity's to judge, cancellation included

@@ -210,7 +210,8 @@ class Pipeline:
         except GatewayError as exc:
             self.accounting.log(trace, exc.status, exc)
             raise
-        status, error = 200, None
+        status = 200
+        error: BaseException | None = None
         try:
             answer = await self.counter.count(call, trace, cooperate=self.cooperate)
         except BaseException as exc:

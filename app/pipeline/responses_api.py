@@ -43,6 +43,7 @@ from app.dispatch.domain import Domain
 from app.dispatch.homes import Home, ResponseHomes
 from app.errors import GatewayError, InvalidRequest, NotFound, UpstreamFailed
 from app.limits import estimate
+from app.limits.admission import Ticket
 from app.metrics import Metrics
 from app.pipeline.answer import Answer
 from app.pipeline.core import Pipeline
@@ -153,17 +154,11 @@ class ResponsesService:
     async def warm_up(self, key: KeySpec, model: object, request_id: str) -> None:
         """A WebSocket `generate: false`: nothing goes upstream, but it is a request of the
         key's all the same (admitted, charged one request and no tokens, logged)."""
-        started, status, ticket = self.clock(), 200, None
-        try:
-            ticket = await self.toll.admit(key, 0)
-        except GatewayError as exc:
-            status = exc.status
-            raise
-        finally:
-            if ticket is not None:
-                name = model if isinstance(model, str) else None
-                self.toll.settle(ticket, key, name, "-", status)
-            self._log(request_id, key, "responses_ws.warmup", "-", status, started)
+        started = self.clock()
+        ticket = await self._admit(key, 0, request_id, "responses_ws.warmup", started)
+        name = model if isinstance(model, str) else None
+        self.toll.settle(ticket, key, name, "-", 200)
+        self._log(request_id, key, "responses_ws.warmup", "-", 200, started)
 
     # -- following a stored response ------------------------------------------------------
     async def follow(
@@ -178,9 +173,9 @@ class ResponsesService:
         """Relay `method /v1/responses/{id}{suffix}?{query}` to the domain holding `id`."""
         started = self.clock()
         endpoint = f"responses{suffix.replace('/', '.')}.{method.lower()}"
-        status, domain_name, ticket = 404, "-", None
+        ticket = await self._admit(key, 0, request_id, endpoint, started)  # an unknown id too
+        status, domain_name = 404, "-"
         try:
-            ticket = await self.toll.admit(key, 0)  # an unknown id costs a request too
             if self.deferrer is not None and response_id.startswith(self.held_prefix):
                 status, body = await self.deferrer.follow(key, method, response_id, suffix, query)
                 return Relayed(status, body)
@@ -195,11 +190,10 @@ class ResponsesService:
                 await self.homes.forget(response_id)
             return relayed
         except BaseException as exc:
-            status = exc.status if isinstance(exc, GatewayError) else 499
+            status = _status_of(exc)
             raise
         finally:
-            if ticket is not None:
-                self.toll.settle(ticket, key, None, domain_name, status)
+            self.toll.settle(ticket, key, None, domain_name, status)
             self._log(request_id, key, endpoint, domain_name, status, started)
 
     def _home_domain(self, key: KeySpec, home: Home) -> Domain:
@@ -225,22 +219,36 @@ class ResponsesService:
     async def input_tokens(self, key: KeySpec, raw: bytes, request_id: str) -> Relayed:
         """Admitted like a request with its input (`Toll`), charged a request and no
         tokens; counted upstream, or by the gateway's estimate."""
-        started = self.clock()
-        body: dict[str, Any] = {}
-        status, domain_name, ticket = 200, "-", None
+        started, endpoint = self.clock(), "responses.input_tokens"
         try:
             body = parse_json(raw)
-            ticket = await self.toll.admit(key, _estimate(body))
+        except GatewayError as exc:
+            self._log(request_id, key, endpoint, "-", exc.status, started)
+            raise
+        ticket = await self._admit(key, _estimate(body), request_id, endpoint, started)
+        status, domain_name = 200, "-"
+        try:
             relayed, domain_name = await self._count(key, body, request_id)
             relayed.headers.update(ticket.headers())
             return relayed
         except BaseException as exc:
-            status = exc.status if isinstance(exc, GatewayError) else 499
+            status = _status_of(exc)
             raise
         finally:
-            if ticket is not None:
-                self.toll.settle(ticket, key, body.get("model"), domain_name, status)
-            self._log(request_id, key, "responses.input_tokens", domain_name, status, started)
+            self.toll.settle(ticket, key, body.get("model"), domain_name, status)
+            self._log(request_id, key, endpoint, domain_name, status, started)
+
+    async def _admit(
+        self, key: KeySpec, tokens: int, request_id: str, endpoint: str, started: float
+    ) -> Ticket:
+        """The key's toll for a request of these routes; a refusal is logged here, since
+        nothing was admitted to settle. (Not a `ticket = None` set in a `try` and read in
+        its `finally`: compiled, that read fails when the `try` raised first.)"""
+        try:
+            return await self.toll.admit(key, tokens)
+        except BaseException as exc:
+            self._log(request_id, key, endpoint, "-", _status_of(exc), started)
+            raise
 
     async def _count(
         self, key: KeySpec, body: dict[str, Any], request_id: str
@@ -310,3 +318,7 @@ async def _relay(resp: UpstreamResponse, stream: bool, domain: str) -> Relayed:
     finally:
         await resp.close()
     return Relayed(resp.status, data, ctype, headers)
+
+
+def _status_of(exc: BaseException) -> int:
+    return exc.status if isinstance(exc, GatewayError) else 499

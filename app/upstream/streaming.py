@@ -305,6 +305,20 @@ class SseRelay:
         self.completion_tokens = _int(completion)
 
 
+class FrameReader(SseRelay):
+    """The relay's reading of events without its SSE framing: an upstream socket's
+    frames, each one event's JSON, read as they came and never rewritten. (Here, beside
+    its base: the compiled build compiles this module, and an interpreted class cannot
+    inherit a compiled one.)"""
+
+    def __init__(self) -> None:
+        super().__init__(strip_usage_chunk=False)
+
+    def see(self, frame: bytes) -> None:
+        self.events += 1
+        self._parse(frame)
+
+
 def _names_usage(payload: bytes) -> bool:
     """Does the event carry a `usage` that is not null (OpenAI sends `"usage":null` on
     every chunk once usage was asked for)? A quote inside a JSON string is escaped, so

@@ -550,7 +550,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also count the floor relay (uvicorn + aiohttp alone) and print tokengate / floor",
     )
+    p.add_argument(
+        "--build",
+        default="",
+        help="count the build installed in this directory (make compiled: build/compiled) "
+        "instead of the repo's source; the budgets are the source's",
+    )
     args = p.parse_args(argv)
+    subjects.BUILD = str(Path(args.build).resolve()) if args.build else ""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed: `make cost-guard` installs it", file=sys.stderr)
         return 2

@@ -88,6 +88,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--budget", type=float, default=570.0, help="skip scenarios past this many s")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, logs)")
+    p.add_argument(
+        "--build",
+        default="",
+        help="run tokengate from the build installed in this directory (make bench: the "
+        "compiled build, build/compiled), with the source beside it at c=1..256",
+    )
     return p.parse_args(argv)
 
 
@@ -268,15 +274,29 @@ def json_dump(results: dict[str, Any]) -> str:
     return json.dumps(results, indent=2, default=str, allow_nan=True)
 
 
+def _build_shown(directory: str) -> str:
+    """Which build the tokengate subjects ran, as that build itself reports it."""
+    if not directory:
+        return "the repo's source (interpreted)"
+    probe = (
+        f"import sys; sys.path.insert(0, {directory!r}); "
+        "from app import build; print(build.build_name(), *build.compiled_modules())"
+    )
+    shown = _output([sys.executable, "-P", "-c", probe])
+    return f"{shown} (installed in {directory}; tokengate-1w-source: the repo's source)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     sigterm_as_interrupt()
     plan = _plan(args)
+    subjects.BUILD = str(Path(args.build).resolve()) if args.build else ""
     results: dict[str, Any] = {"errors": []}
     litellm = not args.no_litellm and _install_litellm(results)
     install_s = results.pop("meta_install_s", 0.0)
     results["meta"] = _meta(plan, subjects.litellm_version() if litellm else None)
     results["meta"]["litellm_install_s"] = install_s
+    results["meta"]["build"] = _build_shown(subjects.BUILD)
     tmp = Path(tempfile.mkdtemp(prefix="tokengate-bench-"))
     tmp.chmod(0o755)  # nginx's workers (user nobody when run as root) read below it
     code = 0

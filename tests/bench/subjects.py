@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tests.bench import nginx
 from tests.bench.procs import ROOT, Group, Proc, free_port, pinned, wait_http, wait_port
+from tests.support.procs import cli_argv
 
 GATEWAY_KEY = "tg-bench-" + "0123456789abcdef" * 2
 UPSTREAM_KEY = "sk-bench-upstream-0123456789"
@@ -29,6 +30,10 @@ LITELLM_MASTER_KEY = "sk-bench-litellm-master-0123456789"
 LITELLM_VENV = Path(os.environ.get("TOKENGATE_BENCH_LITELLM_VENV", "/tmp/tokengate-bench-litellm"))
 HUGE_RPM = 1_000_000_000
 HUGE_TPM = 100_000_000_000
+# The build every `tokengate` subject runs unless told: "" the repo's source, else a
+# directory a build is installed in (`run.py --build build/compiled`, as `make bench`
+# passes it: the compiled build the image ships).
+BUILD = ""
 
 
 @dataclass
@@ -84,10 +89,13 @@ def tokengate(
     redis_url: str | None = None,
     extra_env: dict[str, str] | None = None,
     wrap: list[str] | None = None,
+    build: str | None = None,
 ) -> Subject:
     """`tokengate serve --workers N` on the repo's config.toml, pointed at `upstream`.
 
     `wrap` runs it under another program (`valgrind --tool=callgrind ...`: see profile.py).
+    `build`: a directory a build is installed in (`make compiled`: build/compiled) to run
+    instead of the repo's source ("": the source; None: `BUILD`).
 
     `redis_url` shares limits through Redis (`TOKENGATE_REDIS_URL`) instead of
     in-process state; `extra_env` sets anything else (a domain's quota, say).
@@ -114,7 +122,8 @@ def tokengate(
         env["PROMETHEUS_MULTIPROC_DIR"] = str(workdir / "prom")
         (workdir / "prom").mkdir(exist_ok=True)
     port = free_port()
-    cmd = [sys.executable, "-m", "app.commands.cli", "serve", "--port", str(port)]
+    build = BUILD if build is None else build
+    cmd = cli_argv("serve", "--port", str(port), build=build)
     cmd += ["--workers", str(workers), "--config", str(ROOT / "config" / "config.toml")]
     cmd += ["--settings", str(settings)]
     proc = group.start(name, pinned([*(wrap or ()), *cmd], cpus), env=env)
@@ -126,6 +135,8 @@ def tokengate(
         notes.append("limits in Redis")
     if extra_env:
         notes.append(" ".join(f"{k}={v}" for k, v in sorted(extra_env.items())))
+    if build:
+        notes.append(f"the build installed in {build}")
     return Subject(name, url, bearer(GATEWAY_KEY), proc, notes, workdir / "gateway.log")
 
 

@@ -97,6 +97,10 @@ def _starters(
             group, f"tg2-{mode}", work / "tg2", upstream, workers=2
         ),
     }
+    if subjects.BUILD:  # the source beside the build, in the same run
+        out["tokengate-1w-source"] = lambda: subjects.tokengate(
+            group, f"tg1s-{mode}", work / "tg1s", upstream, workers=1, cpus=cpus, build=""
+        )
     for app in ("canned", "relay"):
         out[f"floor-{app}"] = lambda app=app: subjects.floor(  # type: ignore[misc]
             group, f"floor-{app}-{mode}", app, upstream, stream=mode == "sse", cpus=cpus

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
-from tests.support.procs import SEED, Sim, free_port, stop, wait_http
+from tests.support.procs import SEED, Sim, cli_argv, free_port, stop, wait_http
 
 
 def test_serve_upstream_sim_needs_no_variable(sim: Sim, tmp_path: Path) -> None:
@@ -24,7 +23,7 @@ def test_serve_upstream_sim_needs_no_variable(sim: Sim, tmp_path: Path) -> None:
     serve = ["serve", "--port", str(port), "--no-auth", "--upstream", f"sim:{sim.port}", *files]
     with open(out, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.commands.cli", *serve],
+            cli_argv(*serve),
             cwd=tmp_path,  # its var/ (the database) goes here, not into the repository
             env=env,
             stdout=log,

@@ -119,7 +119,24 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
     return proc.returncode
 
 
-def _cli(*args: str) -> list[str]:
+# `make test-compiled` sets this to a directory the compiled build is installed in (`pip
+# install --target`): the gateways and sims the tests start then import `app` from there,
+# C extensions and all, while the test process itself stays on the repo's source. With
+# faulthandler on: a crash inside compiled code leaves the Python stacks in the log.
+BUILD = os.environ.get("TOKENGATE_TEST_BUILD", "")
+_FROM_BUILD = (
+    "import faulthandler, sys; faulthandler.enable(); sys.path.insert(0, {!r}); "
+    "from app.commands.cli import main; raise SystemExit(main())"
+)
+
+
+def cli_argv(*args: str, build: str = BUILD) -> list[str]:
+    """`tokengate ARGS` as a command: the repo's source, or the build installed in
+    `build`. Whatever the environment a test passes (most strip every TOKENGATE_
+    variable), because the build's directory is in the command itself (`-P`: not the
+    working directory, which is the repo)."""
+    if build:
+        return [sys.executable, "-P", "-c", _FROM_BUILD.format(build), *args]
     return [sys.executable, "-m", "app.commands.cli", *args]
 
 
@@ -129,7 +146,7 @@ def run_cli(
     """`tokengate ARGS` run to its end from the repo, in exactly `env` (nothing of this
     process's environment leaks in), its output captured as text."""
     return subprocess.run(
-        _cli(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        cli_argv(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -168,7 +185,7 @@ def start_sim(*args: str, api_key: str = UPSTREAM_KEY, port: int | None = None) 
     for _ in range(3):
         at = port or free_port()
         proc = subprocess.Popen(
-            _cli("sim", "--port", str(at), "--api-key", api_key, *args),
+            cli_argv("sim", "--port", str(at), "--api-key", api_key, *args),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -278,7 +295,7 @@ def _spawn_gateway(
 ) -> subprocess.Popen[bytes]:
     with open(workdir / "stdout.log", "ab") as out:
         return subprocess.Popen(
-            _cli("serve", "--port", str(port), *args),
+            cli_argv("serve", "--port", str(port), *args),
             cwd=ROOT,
             env=env,
             stdout=out,

@@ -58,7 +58,14 @@ def test_final_stage_installs_only_the_wheel_from_the_builder(final: Stage) -> N
 
 
 def test_only_build_inputs_are_copied_from_the_context() -> None:
-    allowed = {"pyproject.toml", "README.md*", "app", "config/config.toml", "config/settings.json"}
+    allowed = {
+        "pyproject.toml",
+        "setup.py",
+        "README.md*",
+        "app",
+        "config/config.toml",
+        "config/settings.json",
+    }
     for stage in dockerfile_stages():
         for ins in stage.all("COPY"):
             words = [w for w in ins.args.split() if not w.startswith("--")]
@@ -163,6 +170,7 @@ def test_dockerignore_keeps_out(path: str) -> None:
     "path",
     [
         "pyproject.toml",
+        "setup.py",
         "README.md",
         "app/commands/cli.py",
         "app/limits/token_bucket.lua",
