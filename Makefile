@@ -145,14 +145,16 @@ bench: install bench-deps compiled ## side-by-side benchmark of the compiled bui
 
 # The hot path's cost guard (tests/bench/guard.py): instructions per request under callgrind
 # for fixed scenarios, against tests/bench/budgets.toml; `.ci/run` runs it after the suite.
-cost-guard: install system-deps ## instructions per request under callgrind; fails > 3 % over tests/bench/budgets.toml
+cost-guard: install system-deps compiled ## instructions per request under callgrind (source, compiled build); fails > 3 % over tests/bench/budgets*.toml
 	$(call apt,valgrind:valgrind callgrind_control:valgrind faketime:faketime)
 	$(BIN)/python -m tests.bench.guard
+	$(BIN)/python -m tests.bench.guard --build $(COMPILED) --budgets tests/bench/budgets_compiled.toml
 
 WHY ?=
-cost-budgets: install system-deps ## measure and write the budgets (WHY="what bought it": needed to raise one)
+cost-budgets: install system-deps compiled ## measure and write both budget files (WHY="what bought it": needed to raise one)
 	$(call apt,valgrind:valgrind callgrind_control:valgrind faketime:faketime)
 	$(BIN)/python -m tests.bench.guard --update --why "$(WHY)"
+	$(BIN)/python -m tests.bench.guard --build $(COMPILED) --budgets tests/bench/budgets_compiled.toml --update --why "$(WHY)"
 
 clean: ## remove the venv, caches and local state
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache var tests/bench/results .cache

@@ -28,6 +28,15 @@ def test_the_shipped_budgets_cover_every_scenario() -> None:
     assert all(v > 0 for v in budgets.values())
 
 
+def test_the_compiled_build_has_budgets_of_its_own_and_they_are_lower() -> None:
+    """`make cost-guard` counts the image's build too: the same scenarios, each cheaper
+    compiled than interpreted (else compiling bought nothing there)."""
+    source = guard.load_budgets(guard.BUDGETS.read_text())
+    compiled = guard.load_budgets((guard.BUDGETS.parent / "budgets_compiled.toml").read_text())
+    assert set(compiled) == set(source)
+    assert all(compiled[name] < source[name] for name in source)
+
+
 def test_over_budget_by_more_than_the_tolerance_fails_and_within_passes() -> None:
     budgets = guard.load_budgets(TEXT)
     verdicts = dict(guard.verdicts(budgets, {"chat_json": 1_031_000, "chat_stream": 2_059_000}))
