@@ -114,6 +114,8 @@ test-e2e: install system-deps codex-cli claude-code ## end-to-end tests only (re
 COMPILED := build/compiled
 compiled: install ## build the compiled wheel (mypyc, gcc) and install it into build/compiled
 	$(call apt,gcc:gcc)
+	@$(BIN)/python -c "import os, sysconfig, sys; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+	  || (apt-get update -q && apt-get install -y -q python3-dev)  # Python's headers, for gcc
 	$(BIN)/python -m pip install --quiet "setuptools>=77"
 	rm -rf build
 	TOKENGATE_COMPILE=1 $(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w build/wheel .
