@@ -58,7 +58,7 @@ FILES = (
 # or compiled it would check a type that its library declares but does not return.
 INTERPRETED: dict[str, str] = {
     "app/pipeline/answer.py": "async generators (mypyc: unimplemented)",
-    "app/upstream/client.py": "async generators (mypyc: unimplemented)",
+    "app/upstream/httpx_transport.py": "async generators (mypyc: unimplemented)",
     "app/upstream/responses_chat_stream.py": "async generators (mypyc: unimplemented)",
     "app/upstream/websocket.py": "async generators (mypyc: unimplemented)",
     # SQLAlchemy types a row of `select(a, b)` as `tuple[A, B]`; at run time it is a

@@ -235,7 +235,9 @@ class ResponsesService:
             status = _status_of(exc)
             raise
         finally:
-            self.toll.settle(ticket, key, body.get("model"), domain_name, status)
+            asked = body.get("model")  # a client's JSON: anything, and settle takes a name
+            model = asked if isinstance(asked, str) else None
+            self.toll.settle(ticket, key, model, domain_name, status)
             self._log(request_id, key, endpoint, domain_name, status, started)
 
     async def _admit(

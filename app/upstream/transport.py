@@ -3,7 +3,7 @@
 `Transport.request` sends one request and returns its answer at the head
 (`UpstreamResponse`); the body is read whole or as it arrives. Production uses aiohttp
 (`session.AiohttpTransport`); unit tests inject any httpx transport
-(`client.HttpxTransport` over `MockTransport` / `ASGITransport`). Whatever the library,
+(`httpx_transport.HttpxTransport` over `MockTransport` / `ASGITransport`). Whatever the library,
 its failures reach the pipeline as `AttemptFailed`, never as its own exceptions.
 
 `refused` is the one judgement both make on a head before the body is touched: the

@@ -20,7 +20,7 @@ from app.config.schema import Settings
 from app.db import migrate
 from app.db.usage import UsageQuery
 from app.gateway import Gateway
-from app.upstream.client import HttpxTransport
+from app.upstream.httpx_transport import HttpxTransport
 from app.upstream.transport import Timeouts
 
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -188,6 +188,32 @@ def test_deeply_nested_arrays_are_a_clean_answer_never_a_500(
     still_alive(gw)
 
 
+# Every route that reads a `model` from the client's body. The compiled build (the image)
+# checks declared types at run time: a `model` that is a list once reached a function
+# declared `str | None` and answered 500 (`/v1/responses/input_tokens`, found by
+# schemathesis on the compiled build). Deterministic here, on whichever build runs.
+MODEL_ROUTES = (
+    CHAT,
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/responses/input_tokens",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
+
+
+@pytest.mark.parametrize("model", [["gpt-4o"], {"name": "gpt-4o"}, 7, True, None])
+def test_a_model_of_the_wrong_type_is_a_clean_answer_on_every_route(
+    gw: Gateway, model: object
+) -> None:
+    body = {"model": model, "messages": PING, "input": "hi", "prompt": "hi", "max_tokens": 2}
+    for path in MODEL_ROUTES:
+        r = httpx.post(f"{gw.url}{path}", json=body, headers=gw.headers(), timeout=30)
+        assert r.status_code < 500, (path, r.status_code, r.text[:300])
+    still_alive(gw)
+
+
 def test_huge_messages_array_gets_an_answer_or_a_clean_refusal(gw: Gateway, sim: Sim) -> None:
     messages = [{"role": "user", "content": f"m{i}"} for i in range(100_000)]
     raw = orjson.dumps({"model": "gpt-4o", "messages": messages, "max_tokens": 2})

@@ -11,7 +11,8 @@ from pydantic import SecretStr, ValidationError
 from app.config.cluster import HeaderPolicyConfig, ScaleUpConfig
 from app.runtime import DomainSpec
 from app.upstream.betas import MAX_REFUSED, HeaderPolicies, ValuePolicy, error_message
-from app.upstream.client import HttpxTransport, UpstreamClient
+from app.upstream.client import UpstreamClient
+from app.upstream.httpx_transport import HttpxTransport
 from app.upstream.transport import Timeouts, UpstreamResponse
 
 CLAUDE = "claude-code-20250219,interleaved-thinking-2025-05-14,context-1m-2026-03-01"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.upstream.aiohttp_transport import AiohttpTransport
-from app.upstream.client import HttpxTransport
+from app.upstream.httpx_transport import HttpxTransport
 from app.upstream.transport import Timeouts, Transport
 from tests.support.loopback import Upstream, ok, serve, trickle_body, within
 
