@@ -4,7 +4,7 @@
 test-compiled` starts them from the compiled build (`TOKENGATE_TEST_BUILD`, the
 modules `app/build.py` lists as mypyc C extensions, as the image ships them). A build
 that silently fell back to Python (a `.so` missing, a path that finds the source
-first) would pass every other test and ship 20 % slower: this one fails instead.
+first) would pass every other test and ship 18 % slower: this one fails instead.
 """
 
 from __future__ import annotations
