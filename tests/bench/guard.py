@@ -557,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         "instead of the repo's source; the budgets are the source's",
     )
     args = p.parse_args(argv)
-    subjects.BUILD = str(Path(args.build).resolve()) if args.build else ""
+    subjects.use_build(args.build)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed: `make cost-guard` installs it", file=sys.stderr)
         return 2

@@ -63,6 +63,7 @@ from tests.bench import (
 from tests.bench.common import Plan
 from tests.bench.procs import ROOT, Group, sigterm_as_interrupt
 from tests.bench.rss import Sampler
+from tests.support.procs import in_build
 
 RESULTS = ROOT / "tests" / "bench" / "results"
 SCENARIOS = (
@@ -278,11 +279,8 @@ def _build_shown(directory: str) -> str:
     """Which build the tokengate subjects ran, as that build itself reports it."""
     if not directory:
         return "the repo's source (interpreted)"
-    probe = (
-        f"import sys; sys.path.insert(0, {directory!r}); "
-        "from app import build; print(build.build_name(), *build.compiled_modules())"
-    )
-    shown = _output([sys.executable, "-P", "-c", probe])
+    probe = "from app import build; print(build.build_name(), *build.compiled_modules())"
+    shown = _output(in_build(directory, probe))
     return f"{shown} (installed in {directory}; tokengate-1w-source: the repo's source)"
 
 
@@ -290,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     sigterm_as_interrupt()
     plan = _plan(args)
-    subjects.BUILD = str(Path(args.build).resolve()) if args.build else ""
+    subjects.use_build(args.build)
     results: dict[str, Any] = {"errors": []}
     litellm = not args.no_litellm and _install_litellm(results)
     install_s = results.pop("meta_install_s", 0.0)

@@ -36,6 +36,13 @@ HUGE_TPM = 100_000_000_000
 BUILD = ""
 
 
+def use_build(directory: str) -> None:
+    """Run every `tokengate` subject from the build installed in `directory` ("": the
+    source), as `run.py --build` and `guard.py --build` ask."""
+    global BUILD
+    BUILD = str(Path(directory).resolve()) if directory else ""
+
+
 @dataclass
 class Subject:
     name: str

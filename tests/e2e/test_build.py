@@ -25,7 +25,8 @@ def test_the_banner_and_the_metric_name_the_build_that_serves(sim: Sim, make_gat
     metrics = gw.metrics()
     if BUILD:
         assert f"build     compiled with mypyc ({listed} of {listed} modules" in terminal
-        assert f'tokengate_build_info{{build="compiled",version="{_version(gw)}"}} 1.0' in metrics
+        version = _version(metrics)
+        assert f'tokengate_build_info{{build="compiled",version="{version}"}} 1.0' in metrics
     else:
         assert "build     interpreted (pure Python" in terminal
         assert 'build="interpreted"' in metrics
@@ -37,8 +38,8 @@ def test_the_banner_and_the_metric_name_the_build_that_serves(sim: Sim, make_gat
     assert answer.choices[0].message.content and answer.usage is not None
 
 
-def _version(gw: Gateway) -> str:
-    line = next(ln for ln in gw.metrics().splitlines() if ln.startswith("tokengate_build_info{"))
+def _version(metrics: str) -> str:
+    line = next(ln for ln in metrics.splitlines() if ln.startswith("tokengate_build_info{"))
     return line.split('version="', 1)[1].split('"', 1)[0]
 
 

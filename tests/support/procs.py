@@ -124,19 +124,22 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
 # C extensions and all, while the test process itself stays on the repo's source. With
 # faulthandler on: a crash inside compiled code leaves the Python stacks in the log.
 BUILD = os.environ.get("TOKENGATE_TEST_BUILD", "")
-_FROM_BUILD = (
-    "import faulthandler, sys; faulthandler.enable(); sys.path.insert(0, {!r}); "
-    "from app.commands.cli import main; raise SystemExit(main())"
-)
+
+
+def in_build(build: str, code: str) -> list[str]:
+    """`python -c CODE` with `app` imported from the build installed in `build` (`-P`:
+    not from the working directory, which is the repo)."""
+    boot = f"import faulthandler, sys; faulthandler.enable(); sys.path.insert(0, {build!r}); "
+    return [sys.executable, "-P", "-c", boot + code]
 
 
 def cli_argv(*args: str, build: str = BUILD) -> list[str]:
     """`tokengate ARGS` as a command: the repo's source, or the build installed in
     `build`. Whatever the environment a test passes (most strip every TOKENGATE_
-    variable), because the build's directory is in the command itself (`-P`: not the
-    working directory, which is the repo)."""
+    variable), because the build's directory is in the command itself."""
     if build:
-        return [sys.executable, "-P", "-c", _FROM_BUILD.format(build), *args]
+        main = "from app.commands.cli import main; raise SystemExit(main())"
+        return [*in_build(build, main), *args]
     return [sys.executable, "-m", "app.commands.cli", *args]
 
 
