@@ -36,14 +36,24 @@ from app.metrics import Metrics
 from app.runtime import KeySpec
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Ticket:
+    """(`__init__` written out: the compiled build runs it as C; see `ClientRequest`.)"""
+
     key: str
     limits: Limits
     reserved: int
     decision: Decision
-    settled: bool = False
-    hold: Hold | None = None  # the budgets' reservation
+    settled: bool
+    hold: Hold | None  # the budgets' reservation
+
+    def __init__(self, key: str, limits: Limits, reserved: int, decision: Decision) -> None:
+        self.key = key
+        self.limits = limits
+        self.reserved = reserved
+        self.decision = decision
+        self.settled = False
+        self.hold = None
 
     def headers(self) -> dict[str, str]:
         return ratelimit_headers(self.decision)

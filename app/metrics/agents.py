@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from app.metrics.base import Instruments
+from app.metrics.durable import DurableFamilies
 
 
-class AgentFamilies(Instruments):
+class AgentFamilies(DurableFamilies):
     def _add_agent_metrics(self, r: CollectorRegistry) -> None:
         self.affinity = Counter(
             "tokengate_affinity",

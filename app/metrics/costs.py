@@ -1,4 +1,5 @@
-"""Cost, budgets and deferred (off-peak) work."""
+"""Cost, budgets and deferred (off-peak) work: the first link of `Metrics`' chain of families
+(`traffic.py` says why a chain)."""
 
 from __future__ import annotations
 

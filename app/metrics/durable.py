@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from app.metrics.base import QUEUE, Instruments, RedisStateLike
+from app.metrics.base import QUEUE, RedisStateLike
+from app.metrics.costs import CostFamilies
 
 
-class DurableFamilies(Instruments):
+class DurableFamilies(CostFamilies):
     def _add_durable_state(self, r: CollectorRegistry) -> None:
         self.redis_up: Gauge | None = None  # these four only when Redis is configured
         self.redis_degraded: Gauge | None = None

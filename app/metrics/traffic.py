@@ -35,8 +35,6 @@ from app import build
 from app.kinds import TokenKind
 from app.metrics.agents import AgentFamilies
 from app.metrics.base import LATENCY, QUEUE, UsageLike, multiprocess_enabled
-from app.metrics.costs import CostFamilies
-from app.metrics.durable import DurableFamilies
 from app.status.recent import RecentFailure
 from app.tally import Tally
 
@@ -44,9 +42,12 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-class Metrics(AgentFamilies, DurableFamilies, CostFamilies):
+class Metrics(AgentFamilies):
     """Every family: the requests' own here, the others by area (`agents`, `durable`,
-    `costs`), all on one registry."""
+    `costs`), all on one registry. The areas are one chain of single bases (costs <-
+    durable <- agents <- this), not mixins: the compiled build turns a class with one
+    base into C, and the verbs run on every request (deploy/BENCHMARKS.md, issue #32's
+    sixth pass)."""
 
     def __init__(self, registry: CollectorRegistry, models: Iterable[str] = ()) -> None:
         super().__init__(registry, models)

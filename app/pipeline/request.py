@@ -9,7 +9,7 @@ usage from a stream). Unknown fields always pass through.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -62,8 +62,12 @@ RESPONSES_COMPACT = Endpoint(
 )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ClientRequest:
+    """(The `__init__` is written out, not generated: one is built per request, and the
+    compiled build runs a written one as C, a generated one as Python: 9,700 instructions
+    against a few hundred; deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
+
     endpoint: Endpoint
     key: KeySpec
     request_id: str
@@ -73,29 +77,78 @@ class ClientRequest:
     stream: bool
     max_tokens: int | None
     prompt_tokens: int
-    choices: int = 1
-    client_headers: Mapping[str, str] = field(default_factory=dict)
-    started: float = 0.0
-    priority: QueueClass | None = None  # overrides the key's class (batch items: BATCH)
-    session_header: str | None = None  # x-session-id (or Claude Code's own) if sent
-    session_label: str = "-"  # the agent session it is accounted under (limits/sessions.py)
-    service_tier: ServiceTier | None = None  # asked for or forced by the key (wire.py)
+    choices: int
+    client_headers: Mapping[str, str]
+    started: float
+    priority: QueueClass | None  # overrides the key's class (batch items: BATCH)
+    session_header: str | None  # x-session-id (or Claude Code's own) if sent
+    session_label: str  # the agent session it is accounted under (limits/sessions.py)
+    service_tier: ServiceTier | None  # asked for or forced by the key (wire.py)
 
     # Responses API: the only domain that can serve it (it holds `previous_response_id`),
     # and who to tell the id of the response the answer created (id, serving domain),
     # awaited before the client sees that id.
-    home: str | None = None
-    on_response: Callable[[str, str], Awaitable[None]] | None = None
+    home: str | None
+    on_response: Callable[[str, str], Awaitable[None]] | None
     # A client WebSocket's own upstream sockets (domains with responses_websocket).
-    sockets: UpstreamSockets | None = None
+    sockets: UpstreamSockets | None
     # The client's W3C trace headers (read only while tracing is on), and whether the
     # pipeline took the request (then it writes the request's access-log line itself).
-    trace_context: Mapping[str, str] | None = None
-    in_pipeline: bool = False
+    trace_context: Mapping[str, str] | None
+    in_pipeline: bool
     # `max_tokens` is the output cap the gateway sends upstream (allowance.py): the
     # budgets held less than the client asked, or the client asked no cap
-    send_cap: bool = False
-    _session: bytes | None = None
+    send_cap: bool
+    _session: bytes | None
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        key: KeySpec,
+        request_id: str,
+        raw: bytes,
+        body: dict[str, Any],
+        model: str | None,
+        stream: bool,
+        max_tokens: int | None,
+        prompt_tokens: int,
+        choices: int = 1,
+        client_headers: Mapping[str, str] | None = None,
+        started: float = 0.0,
+        priority: QueueClass | None = None,
+        session_header: str | None = None,
+        session_label: str = "-",
+        service_tier: ServiceTier | None = None,
+        home: str | None = None,
+        on_response: Callable[[str, str], Awaitable[None]] | None = None,
+        sockets: UpstreamSockets | None = None,
+        trace_context: Mapping[str, str] | None = None,
+        in_pipeline: bool = False,
+        send_cap: bool = False,
+    ) -> None:
+        self.endpoint = endpoint
+        self.key = key
+        self.request_id = request_id
+        self.raw = raw
+        self.body = body
+        self.model = model
+        self.stream = stream
+        self.max_tokens = max_tokens
+        self.prompt_tokens = prompt_tokens
+        self.choices = choices
+        self.client_headers = {} if client_headers is None else client_headers
+        self.started = started
+        self.priority = priority
+        self.session_header = session_header
+        self.session_label = session_label
+        self.service_tier = service_tier
+        self.home = home
+        self.on_response = on_response
+        self.sockets = sockets
+        self.trace_context = trace_context
+        self.in_pipeline = in_pipeline
+        self.send_cap = send_cap
+        self._session = None
 
     @property
     def session(self) -> bytes:
