@@ -33,8 +33,9 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from app.billing.budget_rules import Amount, SpendKey
 from app.billing.periods import Calendar
@@ -47,25 +48,66 @@ from app.db.usage import BucketKey, UsageBook, UsageQuery
 log = logging.getLogger("tokengate.ledger")
 
 
-class UsageEntry(NamedTuple):
-    """One answered request's usage (a NamedTuple: one is built per request)."""
+@dataclass(slots=True, init=False)
+class UsageEntry:
+    """One answered request's usage.
+
+    (A record built on every request: a slotted dataclass whose `__init__` is written out,
+    which the compiled build runs as C; a NamedTuple's constructor stays Python there, and
+    a generated `__init__` too: deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
 
     key: str
     model: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: bool = False
-    failed_prompt_tokens: int = 0
-    failed_completion_tokens: int = 0
-    domain: str = "-"
-    cached_tokens: int = 0
-    status: int = 200
-    team: str = "-"
-    cache_write_tokens: int = 0
-    estimated: bool = False  # no usage from the upstream: counted by the gateway
-    cost_nanos: int | None = 0  # None: the model has no price (cost unknown)
-    session: str = "-"  # the agent session (sessions.py: bounded label), "-": none
-    window: str = "-"  # the billing window it was priced in (`app.billing.timetable`)
+    prompt_tokens: int
+    completion_tokens: int
+    error: bool
+    failed_prompt_tokens: int
+    failed_completion_tokens: int
+    domain: str
+    cached_tokens: int
+    status: int
+    team: str
+    cache_write_tokens: int
+    estimated: bool  # no usage from the upstream: counted by the gateway
+    cost_nanos: int | None  # None: the model has no price (cost unknown)
+    session: str  # the agent session (sessions.py: bounded label), "-": none
+    window: str  # the billing window it was priced in (`app.billing.timetable`)
+
+    def __init__(
+        self,
+        key: str,
+        model: str,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        error: bool = False,
+        failed_prompt_tokens: int = 0,
+        failed_completion_tokens: int = 0,
+        domain: str = "-",
+        cached_tokens: int = 0,
+        status: int = 200,
+        team: str = "-",
+        cache_write_tokens: int = 0,
+        estimated: bool = False,
+        cost_nanos: int | None = 0,
+        session: str = "-",
+        window: str = "-",
+    ) -> None:
+        self.key = key
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.error = error
+        self.failed_prompt_tokens = failed_prompt_tokens
+        self.failed_completion_tokens = failed_completion_tokens
+        self.domain = domain
+        self.cached_tokens = cached_tokens
+        self.status = status
+        self.team = team
+        self.cache_write_tokens = cache_write_tokens
+        self.estimated = estimated
+        self.cost_nanos = cost_nanos
+        self.session = session
+        self.window = window
 
     def counters(self) -> list[int]:
         """In the order of `app.db.tables.COUNTERS`."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import NamedTuple
 
 from app.config.schema import PriceConfig
 
@@ -40,13 +39,24 @@ NANOS = 10**9  # nano-units per currency unit
 _SCALE = 10**6  # a token's price is kept in 1e-6 nano-units: price per million x 1e9
 
 
-class Tokens(NamedTuple):
-    """What one request consumed, each token once (see the module docstring)."""
+@dataclass(slots=True, init=False)
+class Tokens:
+    """What one request consumed, each token once (see the module docstring).
+
+    (A record built on every request: a slotted dataclass whose `__init__` is written out,
+    which the compiled build runs as C; a NamedTuple's constructor stays Python there, and
+    a generated `__init__` too: deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
 
     prompt: int
     completion: int
-    cached: int = 0
-    cache_write: int = 0
+    cached: int
+    cache_write: int
+
+    def __init__(self, prompt: int, completion: int, cached: int = 0, cache_write: int = 0) -> None:
+        self.prompt = prompt
+        self.completion = completion
+        self.cached = cached
+        self.cache_write = cache_write
 
 
 @dataclass(frozen=True)

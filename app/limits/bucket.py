@@ -88,11 +88,13 @@ class Remaining(NamedTuple):
         return cls(max(0, math.floor(r)), max(0, math.floor(t)))
 
 
-class Decision(NamedTuple):
+@dataclass(slots=True, init=False)
+class Decision:
     """Outcome of one admission, with what OpenAI's x-ratelimit-* headers report.
 
-    (Immutable records built on every request are NamedTuples: a frozen dataclass
-    costs one `object.__setattr__` per field to construct.)"""
+    (A record built on every request: a slotted dataclass whose `__init__` is written out,
+    which the compiled build runs as C; a NamedTuple's constructor stays Python there, and
+    a generated `__init__` too: deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
 
     allowed: bool
     limit: str | None  # which limit refused: "requests" | "tokens"
@@ -103,7 +105,31 @@ class Decision(NamedTuple):
     tokens_limit: int
     tokens_remaining: int
     tokens_reset: float
-    too_large: bool = False  # the request can never fit: more tokens than a minute's allowance
+    too_large: bool  # the request can never fit: more tokens than a minute's allowance
+
+    def __init__(
+        self,
+        allowed: bool,
+        limit: str | None,
+        retry_after: float,
+        requests_limit: int,
+        requests_remaining: int,
+        requests_reset: float,
+        tokens_limit: int,
+        tokens_remaining: int,
+        tokens_reset: float,
+        too_large: bool = False,
+    ) -> None:
+        self.allowed = allowed
+        self.limit = limit
+        self.retry_after = retry_after
+        self.requests_limit = requests_limit
+        self.requests_remaining = requests_remaining
+        self.requests_reset = requests_reset
+        self.tokens_limit = tokens_limit
+        self.tokens_remaining = tokens_remaining
+        self.tokens_reset = tokens_reset
+        self.too_large = too_large
 
 
 def decide(requests: Bucket, tokens: Bucket, cost: int, now: float) -> Decision:

@@ -16,24 +16,48 @@ prompt the cache served or stored.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any
 
 import orjson
 
 from app.upstream.attempt import AttemptFailed, Reason
 
 
-class Usage(NamedTuple):
-    """(A NamedTuple: one is built per answer; see `JsonAnswer`.)"""
+@dataclass(slots=True, init=False)
+class Usage:
+    """(A record built on every request: a slotted dataclass whose `__init__` is written out,
+    which the compiled build runs as C; a NamedTuple's constructor stays Python there, and
+    a generated `__init__` too: deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
 
     prompt: int
     completion: int
     model: str | None
-    reported: bool = True
-    cached: int = 0  # prompt tokens served from the upstream's prompt cache
-    response_id: str | None = None  # the Responses API's id of the answer
-    cache_write: int = 0  # prompt tokens written to it (Anthropic's cache creation)
-    tier: str | None = None  # the `service_tier` the upstream says served the request
+    reported: bool
+    cached: int  # prompt tokens served from the upstream's prompt cache
+    response_id: str | None  # the Responses API's id of the answer
+    cache_write: int  # prompt tokens written to it (Anthropic's cache creation)
+    tier: str | None  # the `service_tier` the upstream says served the request
+
+    def __init__(
+        self,
+        prompt: int,
+        completion: int,
+        model: str | None,
+        reported: bool = True,
+        cached: int = 0,
+        response_id: str | None = None,
+        cache_write: int = 0,
+        tier: str | None = None,
+    ) -> None:
+        self.prompt = prompt
+        self.completion = completion
+        self.model = model
+        self.reported = reported
+        self.cached = cached
+        self.response_id = response_id
+        self.cache_write = cache_write
+        self.tier = tier
 
 
 def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False) -> Usage:
@@ -45,7 +69,7 @@ def parse_usage(body: bytes, *, anthropic: bool = False, responses: bool = False
         raise _bad("answer is not an object")
     usage = _usage(obj, anthropic=anthropic, responses=responses)
     tier = obj.get("service_tier")
-    return usage._replace(tier=tier) if isinstance(tier, str) else usage
+    return replace(usage, tier=tier) if isinstance(tier, str) else usage
 
 
 def _usage(obj: dict[str, Any], *, anthropic: bool, responses: bool) -> Usage:

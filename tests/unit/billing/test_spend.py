@@ -4,6 +4,7 @@ PostgreSQL)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,7 @@ async def test_after_a_restart_the_spend_is_read_back_and_a_spent_budget_stays_s
     alice = UsageEntry("alice", "m", 10, 10, team="ml", cost_nanos=USD * 3 // 4)
     ledger.add(alice)
     await ledger.flush()
-    ledger.add(alice._replace(cost_nanos=USD // 4))  # settled, not flushed yet
+    ledger.add(replace(alice, cost_nanos=USD // 4))  # settled, not flushed yet
     before = SpendGate(rt, cal, clock=clock)
     await before.refresh(ledger, book)
     with pytest.raises(BudgetExceeded):  # 0.75 durable + 0.25 unflushed
