@@ -25,8 +25,9 @@ from app.api.relay import SseResponse, send_json
 from app.api.responses_socket import not_served, serve_socket
 from app.errors import GatewayError, InternalError, MethodNotAllowed, UpgradeRequired
 from app.gateway import Gateway
-from app.pipeline.answer import Answer, JsonAnswer
+from app.pipeline.answer import Answer
 from app.pipeline.conversation import SESSION_HEADERS
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import (
     CHAT,
     COMPLETIONS,

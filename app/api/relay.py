@@ -10,7 +10,8 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.pipeline.answer import JsonAnswer, StreamAnswer
+from app.pipeline.answer import StreamAnswer
+from app.pipeline.replies import JsonAnswer
 
 
 async def send_json(answer: JsonAnswer, send: Send) -> None:

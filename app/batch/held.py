@@ -31,8 +31,8 @@ from app.batch.service import WINDOW_SEC
 from app.batch.store import BatchStore
 from app.errors import InvalidRequest, NotFound, RateLimited
 from app.kinds import BatchStatus, ItemState
-from app.pipeline.answer import JsonAnswer
 from app.pipeline.core import Pipeline
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import RESPONSES, ClientRequest
 from app.runtime import KeySpec
 

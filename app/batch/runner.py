@@ -44,8 +44,8 @@ from app.errors import (
     UpstreamRejected,
 )
 from app.kinds import BatchStatus, DeferOutcome, ItemState, QueueClass
-from app.pipeline.answer import JsonAnswer
 from app.pipeline.core import Pipeline
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, Endpoint
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec

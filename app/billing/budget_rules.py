@@ -37,6 +37,8 @@ _INDEX = {"cost": 0, "tokens": 1}
 
 
 class Amount(NamedTuple):
+    """Cost and tokens (a pair: the ledger and the shared stores read it as one)."""
+
     cost: int  # nano-units
     tokens: int
 
@@ -47,13 +49,23 @@ class Amount(NamedTuple):
 ZERO = Amount(0, 0)
 
 
-class Ask(NamedTuple):
+@dataclass(slots=True, init=False)
+class Ask:
     """What a request may consume: `base` (its prompt), plus `unit` per output token of
-    its allowance (per token and choice: all choices' cost and tokens), up to `most`."""
+    its allowance (per token and choice: all choices' cost and tokens), up to `most`.
+
+    (Built on every request: a slotted dataclass whose `__init__` is written out, which
+    the compiled build runs as C; a NamedTuple's constructor stays Python there:
+    deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
 
     base: Amount
-    unit: Amount = ZERO
-    most: int = 0
+    unit: Amount
+    most: int
+
+    def __init__(self, base: Amount, unit: Amount = ZERO, most: int = 0) -> None:
+        self.base = base
+        self.unit = unit
+        self.most = most
 
     def need(self, k: int) -> Amount:
         """Held for an output cap of `k` tokens."""

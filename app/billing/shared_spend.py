@@ -79,7 +79,8 @@ class SharedSpend:
         for (scope, owner), group in _by_scope(budgets):
             periods = list(dict.fromkeys(b.period for b in group))
             spends = [(scope, owner, windows[p].id) for p in periods]
-            args: list[object] = ["reserve", *ask.base, *ask.unit, cap, hold_id, HOLD_MS]
+            args: list[object] = ["reserve", ask.base.cost, ask.base.tokens]
+            args += [ask.unit.cost, ask.unit.tokens, cap, hold_id, HOLD_MS]
             for period, spend in zip(periods, spends, strict=True):
                 base = durable.get(spend, ZERO)
                 of = {b.metric: b for b in group if b.period == period}

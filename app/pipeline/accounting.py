@@ -24,9 +24,9 @@ from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
 from app.limits.sessions import SessionBook
 from app.metrics import Metrics
-from app.pipeline.answer import JsonAnswer, Reply
 from app.pipeline.holds import KeyHolds
 from app.pipeline.pricing import Pricing
+from app.pipeline.replies import JsonAnswer, Reply
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
 from app.status.recent import RecentFailure

@@ -26,21 +26,19 @@ event, or `response.failed`) and charged what was streamed.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from app.billing.spend import SpendGate
 from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
 from app.limits.admission import Ticket
 from app.metrics import Metrics
+from app.pipeline.replies import JsonAnswer, Reply
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Trace
-from app.upstream.answer_usage import Usage
 from app.upstream.attempt import AttemptFailed
 from app.upstream.sse import event_payloads
 from app.upstream.streaming import FrameReader, SseRelay, error_event, failed_event
-from app.upstream.transport import UpstreamResponse
 from app.upstream.turns import failed_frame
 from app.upstream.websocket import SocketAnswer
 
@@ -50,24 +48,6 @@ class Finish(Protocol):
     (prompt, completion) tokens of an interrupted stream."""
 
     def __call__(self, status: int, *, failed: tuple[int, int]) -> object: ...
-
-
-@dataclass(slots=True)
-class Reply:
-    response: UpstreamResponse
-    first: bytes
-    rest: AsyncIterator[bytes] | None
-    usage: Usage | None
-
-
-class JsonAnswer(NamedTuple):
-    """(A NamedTuple: one is built per request, and a frozen dataclass pays an
-    `object.__setattr__` per field.)"""
-
-    status: int
-    body: bytes
-    content_type: str
-    headers: dict[str, str]
 
 
 class StreamAnswer:

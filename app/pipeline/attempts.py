@@ -23,7 +23,7 @@ from app.dispatch.dispatcher import Slot
 from app.dispatch.domain import Domain
 from app.limits.pacing import RateHeaders, Throttle, rate_headers
 from app.metrics import Metrics
-from app.pipeline.answer import Reply
+from app.pipeline.replies import Reply
 from app.pipeline.request import ClientRequest
 from app.pipeline.tiers import ServiceTiers
 from app.pipeline.trace import Attempt, Trace

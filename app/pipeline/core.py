@@ -36,13 +36,14 @@ from app.limits.sessions import SessionBook, raw_session, session_refusal
 from app.metrics import Metrics
 from app.pipeline.accounting import Accounting, status_of
 from app.pipeline.allowance import Allowance
-from app.pipeline.answer import Answer, JsonAnswer, StreamAnswer
+from app.pipeline.answer import Answer, StreamAnswer
 from app.pipeline.attempts import Attempts
 from app.pipeline.count import TokenCount
 from app.pipeline.failover import Failover
 from app.pipeline.holds import KeyHolds
 from app.pipeline.plan import Planner
 from app.pipeline.pricing import Pricing
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import ClientRequest
 from app.pipeline.tiers import ServiceTiers
 from app.pipeline.toll import Toll

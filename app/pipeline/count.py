@@ -25,9 +25,9 @@ import orjson
 from app.dispatch.domain import Domain
 from app.dispatch.routing import rank, serving
 from app.errors import ModelNotFound
-from app.pipeline.answer import JsonAnswer
 from app.pipeline.failure import client_error
 from app.pipeline.plan import Planner
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import ClientRequest
 from app.pipeline.trace import Attempt, Trace
 from app.upstream.attempt import AttemptFailed, status_failure

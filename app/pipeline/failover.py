@@ -20,10 +20,10 @@ from app.dispatch.routing import rank
 from app.errors import GatewayError, ServiceUnavailable
 from app.metrics import Metrics
 from app.pipeline.allowance import Allowance
-from app.pipeline.answer import Reply
 from app.pipeline.attempts import Attempts
 from app.pipeline.failure import client_error
 from app.pipeline.plan import Planner
+from app.pipeline.replies import Reply
 from app.pipeline.request import ClientRequest
 from app.pipeline.tiers import ServiceTiers
 from app.pipeline.trace import Trace

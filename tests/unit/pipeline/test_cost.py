@@ -17,7 +17,8 @@ from app.db.usage import UsageQuery
 from app.errors import BudgetExceeded, UpstreamFailed
 from app.gateway import Gateway
 from app.limits.estimate import chat_prompt_tokens
-from app.pipeline.answer import JsonAnswer, StreamAnswer
+from app.pipeline.answer import StreamAnswer
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
 from tests.support.clock import FakeClock

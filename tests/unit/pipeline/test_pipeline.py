@@ -12,7 +12,8 @@ import pytest
 
 from app.errors import UpstreamRejected
 from app.gateway import Gateway
-from app.pipeline.answer import JsonAnswer, StreamAnswer
+from app.pipeline.answer import StreamAnswer
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
 from tests.support.inproc import CHAT_OK, Handler, MakeGateway, ledger_rows

@@ -13,7 +13,8 @@ import pytest
 
 from app.errors import InvalidRequest, NotFound
 from app.gateway import Gateway
-from app.pipeline.answer import JsonAnswer, StreamAnswer
+from app.pipeline.answer import StreamAnswer
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import RESPONSES
 from app.pipeline.wire import parse_call
 from app.runtime import KeySpec

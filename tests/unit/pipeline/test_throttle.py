@@ -16,7 +16,8 @@ import pytest
 from app.errors import ServiceUnavailable, UpstreamQuotaExhausted
 from app.gateway import Gateway
 from app.metrics import Metrics, new_registry
-from app.pipeline.answer import JsonAnswer, StreamAnswer
+from app.pipeline.answer import StreamAnswer
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
 from app.runtime import compile_runtime

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import httpx
 
 from app.db.usage import UsageQuery
-from app.pipeline.answer import JsonAnswer
+from app.pipeline.replies import JsonAnswer
 from app.pipeline.request import CHAT
 from app.pipeline.wire import parse_call
 from tests.support.inproc import CHAT_OK, MakeGateway, ledger_rows
