@@ -70,8 +70,8 @@ class Instruments:
     def __init__(self, registry: CollectorRegistry, models: Iterable[str] = ()) -> None:
         self.registry = registry
         self._models: set[str] = set(models)
-        self._children: dict[tuple[Any, ...], Any] = {}
-        self._tallies: dict[tuple[Any, ...], Tally] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._tallies: dict[tuple[Any, tuple[str, ...]], Tally] = {}
         self._write_through = multiprocess_enabled()
         self._ring: Ring | None = None
         self._errors: RecentErrors | None = None
@@ -95,7 +95,10 @@ class Instruments:
         return model if model in self._models else "other"
 
     def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
+        # (metric, labels): the call's own tuple of labels, not a new flat one (a flat
+        # tuple is a list extended and copied in the compiled build); a metric hashes by
+        # identity
+        key = (metric, labels)
         child = self._children.get(key)
         if child is None:
             child = metric.labels(*labels)
@@ -104,7 +107,7 @@ class Instruments:
 
     def _tally(self, metric: Any, *labels: str) -> Tally:
         """The hot path's cell for one child (`app.tally`)."""
-        key = (id(metric), *labels)
+        key = (metric, labels)
         tally = self._tallies.get(key)
         if tally is None:
             tally = self._tallies[key] = Tally(self._child(metric, *labels), self._write_through)
