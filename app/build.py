@@ -56,7 +56,7 @@ FILES = (
 # In those packages, left interpreted, with the reason: mypyc cannot compile the module,
 # or compiled it would check a type that its library declares but does not return.
 INTERPRETED: dict[str, str] = {
-    "app/pipeline/answer.py": "async generators (mypyc: unimplemented)",
+    "app/pipeline/answer.py": "async generators (mypyc: unimplemented): the WebSocket frames",
     "app/upstream/httpx_transport.py": "async generators (mypyc: unimplemented)",
     "app/upstream/responses_chat_stream.py": "async generators (mypyc: unimplemented)",
     "app/upstream/websocket.py": "async generators (mypyc: unimplemented)",
