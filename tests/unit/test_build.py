@@ -238,6 +238,6 @@ def test_the_records_built_per_request_write_their_init_in_a_compiled_module() -
         cls = getattr(importlib.import_module(module), cls_name)
         assert not issubclass(cls, tuple), f"{name} is a NamedTuple"
         init = cls.__dict__.get("__init__")
-        assert init is not None and inspect.getsourcefile(init) == inspect.getsourcefile(
-            cls
-        ), f"{name}: its __init__ is generated, not written in its class"
+        assert init is not None and inspect.getsourcefile(init) == inspect.getsourcefile(cls), (
+            f"{name}: its __init__ is generated, not written in its class"
+        )
