@@ -186,13 +186,49 @@ class SseBody:
         return self
 
     async def __anext__(self) -> bytes:
+        # One coroutine per event, its steps written out: each further call (a helper
+        # coroutine per read) costs the source more per event than the async generator
+        # did (the cost guard's chat_stream_event).
         if self._done:
             raise StopAsyncIteration
-        answer = self._answer
+        answer, relay, response = self._answer, self._relay, self._response
         try:
-            out = await self._read()
-            if out is not None:
-                return out
+            try:
+                first = self._first
+                if first is not None:
+                    self._first = None
+                    out = relay.feed(first)
+                    if answer._tell is not None:
+                        await answer._told()
+                    if response.complete:
+                        self._held = out
+                    elif out:
+                        answer._ttft()
+                        return out
+                rest = self._rest
+                assert rest is not None
+                while True:
+                    try:
+                        chunk = await rest.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    out = relay.feed(chunk)
+                    if answer._tell is not None:
+                        await answer._told()
+                    if response.complete:
+                        self._held += out
+                    elif out:
+                        if not answer._ttft_done:
+                            answer._ttft()
+                        return out
+                self._held += relay.finish()
+                if not relay.done and not relay.has_usage:
+                    self._outcome = "truncated"
+                    self._held += answer._error_event("the upstream closed the stream early")
+            except AttemptFailed as failure:
+                self._outcome = failure.reason
+                broke = f"the upstream stream broke off ({failure.reason})"
+                self._held += answer._error_event(broke)
             self._done = True
             outcome = self._outcome
             answer._ttft()
@@ -208,49 +244,3 @@ class SseBody:
             self._done = True
             await answer._close(499, "client_closed")
             raise
-
-    async def _read(self) -> bytes | None:
-        """The next bytes to relay now; None once the upstream's body has ended (what is
-        left to send is `_held`)."""
-        try:
-            return await self._chunk()
-        except AttemptFailed as failure:
-            self._outcome = failure.reason
-            broke = f"the upstream stream broke off ({failure.reason})"
-            self._held += self._answer._error_event(broke)
-            return None
-
-    async def _chunk(self) -> bytes | None:
-        answer, relay, response = self._answer, self._relay, self._response
-        first = self._first
-        if first is not None:
-            self._first = None
-            out = relay.feed(first)
-            if answer._tell is not None:
-                await answer._told()
-            if response.complete:
-                self._held = out
-            elif out:
-                answer._ttft()
-                return out
-        rest = self._rest
-        assert rest is not None
-        while True:
-            try:
-                chunk = await rest.__anext__()
-            except StopAsyncIteration:
-                break
-            out = relay.feed(chunk)
-            if answer._tell is not None:
-                await answer._told()
-            if response.complete:
-                self._held += out
-            elif out:
-                if not answer._ttft_done:
-                    answer._ttft()
-                return out
-        self._held += relay.finish()
-        if not relay.done and not relay.has_usage:
-            self._outcome = "truncated"
-            self._held += answer._error_event("the upstream closed the stream early")
-        return None
