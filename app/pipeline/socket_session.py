@@ -19,7 +19,7 @@ after the other.
                no:  passed on as it came (a stored response: pinned to its domain)
              └► one request through the pipeline (limits, queue, retries before the first
                 byte, fallback, metrics, ledger, access log), streamed back one event a
-                frame (`StreamAnswer.frames`); a domain with `responses_websocket` gets it
+                frame (`app.pipeline.answer.frames`); a domain with `responses_websocket` gets it
                 over this connection's own upstream socket, as only the items its
                 upstream does not hold yet (`app/upstream/websocket.py`), and its frames
                 come back as the upstream sent them
@@ -56,7 +56,7 @@ from app.errors import (
     UpstreamRejected,
 )
 from app.metrics import Metrics
-from app.pipeline.answer import StreamAnswer
+from app.pipeline.answer import StreamAnswer, frames
 from app.pipeline.request import RESPONSES_SOCKET
 from app.pipeline.responses_api import ResponsesService
 from app.pipeline.wire import parse_call
@@ -250,7 +250,7 @@ class SocketSession:
         answer = await self._admitted(raw, key, started)
         turn = Recorder(items, len(raw))
         try:
-            async for frame in answer.frames():  # one event's JSON each, as it came
+            async for frame in frames(answer):  # one event's JSON each, as it came
                 turn.see(frame)
                 await send(frame.decode("utf-8", "replace"))
         except BaseException:

@@ -23,7 +23,7 @@ out, and a stream cut before its end is ended by the gateway (an error event, or
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 from app.billing.spend import SpendGate
@@ -88,13 +88,6 @@ class StreamAnswer:
         that arrived together with the end of the upstream body are held (no wait: the end
         is already known) and go out with the end of the answer, in one write."""
         return SseBody(self)
-
-    def frames(self) -> AsyncIterator[bytes]:
-        """The answer for a client's WebSocket, one event's JSON per item (frame mode;
-        `app.pipeline.answer.frames`: an async generator, which stays interpreted)."""
-        from app.pipeline.answer import frames
-
-        return frames(self)
 
     def _failed_frame(self, message: str) -> bytes:
         relay = self.relay

@@ -7,7 +7,7 @@ domain's key, reused for every later request the pipeline sends there, closed wi
 client connection). Everything else about a request is unchanged: the pipeline's limits,
 queue, retries, fallback and accounting see an `UpstreamResponse` (`SocketAnswer`) whose
 chunks are the upstream's frames, one event's JSON each, as they came: the pipeline's
-answer relays them in its frame mode (`StreamAnswer.frames`), reading usage, the first
+answer relays them in its frame mode (`app.pipeline.answer.frames`), reading usage, the first
 token and the end of the response from each event, and the client's socket gets the
 very bytes the upstream sent (no SSE on the way). What a socket's cache holds is the
 `Turn` of `turns.py`, the model the client's session keeps too.
