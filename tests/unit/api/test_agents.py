@@ -193,9 +193,15 @@ async def test_a_keys_max_concurrent_queues_its_extra_requests(make_client: Make
     metrics = gateway_of(client).render_metrics().decode()
     assert 'tokengate_key_concurrency_waits_total{key="anonymous",outcome="granted"} 4.0' in metrics
 
+    async def slower(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.4)  # the third request's wait: far past its 100 ms
+        return await slow(request)
+
+    # 100 ms, not less: the two that get a slot at once must not miss it on a loaded
+    # machine (a 20 ms wait against a 50 ms upstream did, once, under `-n 2` and a build)
     hurried = await make_client(
-        {**settings, "token_scheduler": {"max_queue_wait_ms": 20}},
-        handler=slow,
+        {**settings, "token_scheduler": {"max_queue_wait_ms": 100}},
+        handler=slower,
     )
     answers = await asyncio.gather(
         *(hurried.post("/v1/chat/completions", json=chat) for _ in range(3))
