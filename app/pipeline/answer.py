@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from app.billing.spend import SpendGate
 from app.pipeline.replies import JsonAnswer
 from app.pipeline.stream_answer import StreamAnswer
 from app.upstream.attempt import AttemptFailed
@@ -63,10 +62,7 @@ async def frames(answer: StreamAnswer) -> AsyncIterator[bytes]:
         except AttemptFailed as failure:
             outcome = failure.reason
             held.append(answer._failed_frame(f"the upstream stream broke off ({failure.reason})"))
-        answer._ttft()
-        await answer._close(200 if outcome is None else 502, outcome)
-        if answer._ticket.hold is not None:
-            await SpendGate.released(answer._ticket.hold)
+        await answer._ended(outcome)
         for event in held:
             yield event
     except BaseException:

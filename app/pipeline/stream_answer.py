@@ -114,6 +114,15 @@ class StreamAnswer:
             model = self.relay.model or self._trace.attempts[-1].model
             self._metrics.record_ttft(self._domain.name, model, seconds)
 
+    async def _ended(self, outcome: str | None) -> None:
+        """The upstream's body ended (`outcome`: how, if badly): settled, and the budgets'
+        hold released in Redis, before the end of the answer reaches the client, so that
+        its next request never meets this one's hold."""
+        self._ttft()
+        await self._close(200 if outcome is None else 502, outcome)
+        if self._ticket.hold is not None:
+            await SpendGate.released(self._ticket.hold)
+
     async def _close(self, status: int, outcome: str | None) -> None:
         if self._finished:
             return
@@ -223,14 +232,7 @@ class SseBody:
                 broke = f"the upstream stream broke off ({failure.reason})"
                 self._held += answer._error_event(broke)
             self._done = True
-            outcome = self._outcome
-            answer._ttft()
-            # settled (and the budgets' hold released in Redis) before the end of the
-            # answer reaches the client: its next request never meets this one's hold
-            await answer._close(200 if outcome is None else 502, outcome)
-            hold = answer._ticket.hold
-            if hold is not None:
-                await SpendGate.released(hold)
+            await answer._ended(self._outcome)
             answer.ending = True
             return self._held
         except BaseException:
