@@ -54,9 +54,8 @@ class Ask:
     """What a request may consume: `base` (its prompt), plus `unit` per output token of
     its allowance (per token and choice: all choices' cost and tokens), up to `most`.
 
-    (Built on every request: a slotted dataclass whose `__init__` is written out, which
-    the compiled build runs as C; a NamedTuple's constructor stays Python there:
-    deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
+    (Built on every request: its `__init__` is written out, so the compiled build runs it
+    as C; docs/development.md, "The compiled build", says why.)"""
 
     base: Amount
     unit: Amount

@@ -52,9 +52,8 @@ log = logging.getLogger("tokengate.ledger")
 class UsageEntry:
     """One answered request's usage.
 
-    (A record built on every request: a slotted dataclass whose `__init__` is written out,
-    which the compiled build runs as C; a NamedTuple's constructor stays Python there, and
-    a generated `__init__` too: deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
+    (Built on every request: its `__init__` is written out, so the compiled build runs it
+    as C; docs/development.md, "The compiled build", says why.)"""
 
     key: str
     model: str

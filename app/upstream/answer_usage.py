@@ -26,9 +26,8 @@ from app.upstream.attempt import AttemptFailed, Reason
 
 @dataclass(slots=True, init=False)
 class Usage:
-    """(A record built on every request: a slotted dataclass whose `__init__` is written out,
-    which the compiled build runs as C; a NamedTuple's constructor stays Python there, and
-    a generated `__init__` too: deploy/BENCHMARKS.md, issue #32's sixth pass.)"""
+    """(Built on every request: its `__init__` is written out, so the compiled build runs it
+    as C; docs/development.md, "The compiled build", says why.)"""
 
     prompt: int
     completion: int
