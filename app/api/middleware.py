@@ -27,8 +27,9 @@ _SAFE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 
 def new_request_id() -> str:
     # An id, not a secret: 96 bits from the (per-process seeded) PRNG are unique enough
-    # and cost less than a getrandom(2) syscall per request.
-    return f"req_{getrandbits(96):024x}"
+    # and cost less than a getrandom(2) syscall per request. `bytes.hex` writes the same
+    # 24 lowercase digits as `f"{n:024x}"` at about a third of its instructions.
+    return "req_" + getrandbits(96).to_bytes(12, "big").hex()
 
 
 class RequestContext:

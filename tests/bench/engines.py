@@ -1,7 +1,7 @@
 """Other engines under tokengate itself: granian (ASGI) against uvicorn as the server, and
 pyreqwest against aiohttp as the upstream client.
 
-    python -m tests.bench.engines [--seconds 5] [--rounds 2] [-c 64]
+    python -m tests.bench.engines [--seconds 5] [--rounds 2] [-c 64] [--build build/compiled]
 
 Issue #32 asks whether a faster server or upstream client moves the floor. This runs,
 against the static nginx upstream (non-streaming), interleaved cell by cell:
@@ -76,6 +76,8 @@ def _gateway_env(workdir: Path, upstream: str) -> dict[str, str]:
 def tokengate_granian(group: Group, workdir: Path, upstream: str) -> subjects.Subject:
     workdir.mkdir(parents=True, exist_ok=True)
     env = _gateway_env(workdir, upstream)
+    if subjects.BUILD:
+        env["TOKENGATE_BENCH_BUILD"] = subjects.BUILD
     port = free_port()
     proc = group.start(
         "tokengate-granian", _granian("tests.bench.granian_app:app", port, True), env=env
@@ -132,7 +134,17 @@ def main(argv: list[str] | None = None) -> int:
         default=list(SUBJECTS),
         help="subjects to run (default: all)",
     )
+    p.add_argument(
+        "--build",
+        default="",
+        help="run tokengate (under uvicorn and granian) from the build installed in this "
+        "directory (make compiled: build/compiled); pyreqwest's subject patches the source "
+        "and is left out",
+    )
     args = p.parse_args(argv)
+    if args.build:
+        subjects.use_build(args.build)
+        args.only = [name for name in args.only if name != "tokengate-pyreqwest"]
     sigterm_as_interrupt()
     plan = Plan.unpinned(seconds=args.seconds)
     with scratch("tokengate-engines-") as tmp, Group(tmp) as group:
@@ -157,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for s in subs:
                 rows[s.name].append(common.cell(s, body, args.c, plan, tmp))
-        print(f"c={args.c}, {args.seconds:g} s a cell, {args.rounds} rounds, unpinned")
+        build = f", tokengate from {subjects.BUILD}" if subjects.BUILD else ""
+        print(f"c={args.c}, {args.seconds:g} s a cell, {args.rounds} rounds, unpinned{build}")
         print("| subject | req/s per round | CPU µs/request | non-2xx | other load |")
         print("|---|---|---|---|---|")
         for name, cells in rows.items():

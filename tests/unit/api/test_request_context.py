@@ -4,6 +4,7 @@ headers and messages reach the server unchanged (headers and each body chunk).""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
@@ -48,3 +49,11 @@ async def test_an_unsafe_request_id_is_replaced_and_draining_closes_the_connecti
     assert headers[b"x-request-id"].startswith(b"req_")
     assert headers[b"connection"] == b"close"
     assert len(sent) == 3
+
+
+async def test_fresh_request_ids_are_distinct_24_hex_digit_tokens() -> None:
+    """Operators grep logs and the status page by these ids: each one fresh, and of the
+    one shape (`req_` and 24 lowercase hex digits, leading zeros kept)."""
+    ids = [dict((await _call([]))[0]["headers"])[b"x-request-id"] for _ in range(500)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(rb"req_[0-9a-f]{24}", rid) for rid in ids)
