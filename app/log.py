@@ -24,6 +24,8 @@ from app.config.problems import ConfigError, Problem
 from app.config.schema import LoggingConfig
 
 _TOKEN_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{6,}|\b(sk|tg|tk)-[A-Za-z0-9_-]{8,}")
+_SCALARS = frozenset({int, float, bool})
+_SHAPE_WORDS = ("bearer", "sk-", "tg-", "tk-")  # what every match of _TOKEN_SHAPES holds
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "fields"}
 
 
@@ -42,26 +44,75 @@ class Redactor(logging.Filter):
                 text = text.replace(secret, "***")
         return _TOKEN_SHAPES.sub(lambda m: (m.group(1) or "") + "***", text)
 
+    def clean(self, text: str) -> bool:
+        """Whether `scrub` would leave `text` as it is. Every match of the key shapes
+        holds one of `_SHAPE_WORDS` (any case), and looking for those costs a tenth of
+        the pattern's case-blind search, which runs only when one is there."""
+        if any(secret in text for secret in self.secrets):
+            return False
+        lowered = text.lower()
+        if not any(word in lowered for word in _SHAPE_WORDS):
+            return True
+        return _TOKEN_SHAPES.search(text) is None
+
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = self.scrub(record.getMessage())
-        record.args = None
+        message = record.getMessage()
+        record.msg, record.args = message, None
         if record.exc_info:
             record.exc_text = self.scrub(logging.Formatter().formatException(record.exc_info))
             record.exc_info = None
         fields = getattr(record, "fields", None)
+        texts = [message]
+        if isinstance(fields, dict):
+            _strings(fields.values(), texts)
+        # One search over every text of the record (NUL-joined: neither a secret nor a
+        # key shape spans a NUL) instead of one per value: the access line has some
+        # twenty values and they are almost always clean (deploy/BENCHMARKS.md, issue
+        # #32's seventh pass). A hit scrubs value by value, as before.
+        if self.clean("\x00".join(texts)):
+            return True
+        record.msg = self.scrub(message)
         if isinstance(fields, dict):
             record.fields = {k: self._scrub_value(v) for k, v in fields.items()}
         return True
 
     def _scrub_value(self, value: object) -> object:
-        return self.scrub(value) if isinstance(value, str) else value
+        """A value with every string in it scrubbed, in lists and mappings too (the
+        access line's `attempts` are a list of mappings)."""
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, dict):
+            return {k: self._scrub_value(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._scrub_value(v) for v in value]
+        return value
+
+
+def _strings(values: Iterable[object], into: list[str]) -> None:
+    for value in values:
+        if value is None or type(value) in _SCALARS:
+            continue  # most of an access line: one test, not three
+        if isinstance(value, str):
+            into.append(value)
+        elif isinstance(value, dict):
+            _strings(value.values(), into)
+        elif isinstance(value, (list, tuple)):
+            _strings(value, into)
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = -1  # the second `_stamp` spells: most lines share it with the last
+        self._stamp = ""
+
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = second
         out: dict[str, object] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "pid": record.process,
@@ -70,12 +121,23 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             out.update(fields)
-        for k, v in record.__dict__.items():
-            if k not in _RESERVED and not k.startswith("_"):
-                out[k] = v
+        if record.__dict__.keys() - _RESERVED:  # `extra=` beyond `fields`: rare
+            for k, v in record.__dict__.items():
+                if k not in _RESERVED and not k.startswith("_"):
+                    out[k] = v
         if record.exc_text:
             out["exc"] = record.exc_text
         return orjson.dumps(out, default=str).decode()
+
+
+def log_fields(logger: logging.Logger, msg: str, fields: dict[str, object]) -> None:
+    """`logger.info(msg, extra={"fields": fields})` for a caller that checked
+    `isEnabledFor(INFO)`, without `Logger.findCaller`'s walk up the stack: it finds the
+    record's file and line, which no line of ours prints, and was a tenth of what an
+    access line cost (deploy/BENCHMARKS.md, issue #32's seventh pass)."""
+    record = logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0, msg, (), None)
+    record.fields = fields
+    logger.handle(record)
 
 
 def redacted_url(url: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from starlette.types import Scope
 
 from app.errors import GatewayError, KeyExpired
+from app.log import log_fields
 from app.metrics import Metrics
 from app.pipeline.accounting import NO_DOMAIN, access_log
 from app.pipeline.trace import Trace
@@ -104,7 +105,7 @@ class AccessRecorder:
         if access_log.isEnabledFor(logging.INFO):
             fields = _fields(note, request_id, code, error, ms)
             fields["currency"] = self.currency()
-            access_log.info("request", extra={"fields": fields})
+            log_fields(access_log, "request", fields)
 
 
 def _fields(

@@ -23,6 +23,7 @@ from app.errors import GatewayError
 from app.limits.admission import Admission, Ticket
 from app.limits.concurrency import Lease
 from app.limits.sessions import SessionBook
+from app.log import log_fields
 from app.metrics import Metrics
 from app.pipeline.holds import KeyHolds
 from app.pipeline.pricing import Pricing
@@ -197,7 +198,7 @@ class Accounting:
             fields["currency"] = self.pricing.currency
             fields["team"] = call_team(usage)
             fields["window"] = None if usage is None or usage.window == NO_WINDOW else usage.window
-            access_log.info("request", extra={"fields": fields})
+            log_fields(access_log, "request", fields)
         if trace.span is not None:
             trace.span.end(trace, status)
 

@@ -44,6 +44,7 @@ from app.dispatch.homes import Home, ResponseHomes
 from app.errors import GatewayError, InvalidRequest, NotFound, UpstreamFailed
 from app.limits import estimate
 from app.limits.admission import Ticket
+from app.log import log_fields
 from app.metrics import Metrics
 from app.pipeline.answer import Answer
 from app.pipeline.core import Pipeline
@@ -297,7 +298,7 @@ class ResponsesService:
                 "status": status,
                 "duration_ms": round(seconds * 1000, 2),
             }
-            access_log.info("request", extra={"fields": fields})
+            log_fields(access_log, "request", fields)
 
 
 def _estimate(body: dict[str, Any]) -> int:

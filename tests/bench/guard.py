@@ -16,6 +16,8 @@ warm-up, so start-up, imports and caches are never counted. Scenarios:
 - `chat_stream_event`: what one more SSE event costs: (a stream of 36 content events
   minus one of 4) / 32;
 - `chat_json_redis`: `chat_json` admitted through Redis (`TOKENGATE_REDIS_URL`);
+- `chat_json_info`: `chat_json` at the shipped log level, `info`, so with its JSON access
+  line (the other scenarios run at `warning`, as `make bench`'s `tokengate-1w` does);
 - `responses_stream`: a streamed `POST /v1/responses` of 4 output_text deltas.
 
 Determinism. The upstream is a small threaded server in this process that sends each
@@ -316,7 +318,9 @@ def _callgrind(tmp: Path, name: str) -> tuple[Path, list[str], dict[str, str]]:
     return dump, vg, {"PYTHONHASHSEED": "0", "LD_PRELOAD": faketime(), "FAKETIME": CLOCK}
 
 
-def start_gateway(group: Group, tmp: Path, name: str, redis_url: str | None) -> Gateway:
+def start_gateway(
+    group: Group, tmp: Path, name: str, redis_url: str | None, log_level: str = "warning"
+) -> Gateway:
     up = start_upstream()
     dump, vg, extra = _callgrind(tmp, name)
     subject = subjects.tokengate(
@@ -328,6 +332,7 @@ def start_gateway(group: Group, tmp: Path, name: str, redis_url: str | None) -> 
         redis_url=redis_url,
         extra_env=extra,
         wrap=vg,
+        log_level=log_level,
     )
     assert subject.proc is not None
     return Gateway(name, subject.url, up, Counter(subject.proc.pid, dump))
@@ -389,12 +394,13 @@ def measure_default(
     return out
 
 
-def measure_redis(gw: Gateway, n: int, warmup: int, max_rounds: int) -> dict[str, Figure]:
+def measure_json(gw: Gateway, name: str, n: int, warmup: int, max_rounds: int) -> dict[str, Figure]:
+    """`chat_json` on a gateway of its own (through Redis, or logging at `info`)."""
     s = scenarios(SHORT)["chat_json"]
     for _ in range(warmup):
         send_one(gw, s)
     gw.measure_idle(3.0)
-    return {"chat_json_redis": until_agreed(lambda: gw.run(s, n), max_rounds)}
+    return {name: until_agreed(lambda: gw.run(s, n), max_rounds)}
 
 
 def send_one(gw: Gateway, s: Scenario) -> None:
@@ -428,7 +434,8 @@ def measure_floor(n: int, warmup: int, max_rounds: int) -> dict[str, Figure]:
 def measure_all(
     n: int, warmup: int, max_rounds: int, skip: frozenset[str] = frozenset()
 ) -> dict[str, Figure]:
-    """Every scenario's figure: the default gateway's, then the Redis one's."""
+    """Every scenario's figure: the default gateway's, then the Redis one's, then the
+    one logging at `info`."""
     keep = bool(os.environ.get("GUARD_KEEP"))
     with scratch("tokengate-guard-", keep) as tmp, Group(tmp) as group:
         redis_url = subjects.redis_server(group)
@@ -438,7 +445,10 @@ def measure_all(
         figures = measure_default(gws["guard"], n, warmup, max_rounds, skip)
         if "chat_json_redis" not in skip:
             gws["guard-redis"] = start_gateway(group, tmp, "guard-redis", redis_url)
-            figures |= measure_redis(gws["guard-redis"], n, warmup, max_rounds)
+            figures |= measure_json(gws["guard-redis"], "chat_json_redis", n, warmup, max_rounds)
+        if "chat_json_info" not in skip:
+            gws["guard-info"] = start_gateway(group, tmp, "guard-info", None, log_level="info")
+            figures |= measure_json(gws["guard-info"], "chat_json_info", n, warmup, max_rounds)
         stalls = sum(g.up.stalls for g in gws.values())
         if stalls:
             raise RuntimeError(f"{stalls} lockstep waits timed out: the counts are not exact")
@@ -542,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        choices=("responses_stream", "chat_json_redis"),
+        choices=("responses_stream", "chat_json_redis", "chat_json_info"),
         help="leave scenarios out (an older tree without them)",
     )
     p.add_argument(

@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.config.problems import ConfigError
 from app.config.schema import LoggingConfig
-from app.log import JsonFormatter, Redactor, redacted_url, setup_logging
+from app.log import JsonFormatter, Redactor, log_fields, redacted_url, setup_logging
 
 
 def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -136,3 +138,62 @@ def test_an_upstream_urls_credentials_are_registered_with_the_redactor() -> None
         "probe of http://svc:pw-9Zq@10.0.0.1:9/v1/models failed"
     )
     assert scrubbed == "probe of http://***@10.0.0.1:9/v1/models failed"
+
+
+_PIECES = ["sk-", "SK-", "tg-", "Tk-", "bearer ", "BEARER\t", "abcdef12", "upstream-secret-42"]
+
+
+@given(st.lists(st.sampled_from([*_PIECES, "x", " ", "-", "_", "\x00", "é"]), max_size=12))
+def test_the_one_pass_check_agrees_with_scrubbing(parts: list[str]) -> None:
+    """`clean` is what lets a clean record skip value-by-value scrubbing: it must say
+    clean exactly when scrubbing would change nothing (key shapes in any case)."""
+    redactor = Redactor(["upstream-secret-42"])
+    text = "".join(parts)
+    assert redactor.clean(text) == (redactor.scrub(text) == text)
+
+
+def test_secrets_nested_in_structured_fields_are_scrubbed() -> None:
+    attempts = [{"n": 1, "model": "sk-live-0123456789abcdef", "domain": "upstream-secret-42"}]
+    rec = record("request", fields={"model": "gpt-4o", "attempts": attempts, "n": 2})
+    out = through(Redactor(["upstream-secret-42"]), rec)
+    assert out["attempts"] == [{"n": 1, "model": "***", "domain": "***"}]
+    assert out["model"] == "gpt-4o" and out["n"] == 2
+
+
+def test_a_clean_record_keeps_its_fields_as_they_are() -> None:
+    fields = {"model": "gpt-4o", "attempts": [{"model": "gpt-4o"}], "cost": None}
+    rec = record("request", fields=fields)
+    out = through(Redactor(["upstream-secret-42"]), rec)
+    assert rec.fields is fields  # type: ignore[attr-defined]
+    assert out["attempts"] == [{"model": "gpt-4o"}] and out["cost"] is None
+
+
+def test_each_line_carries_its_own_second() -> None:
+    formatter = JsonFormatter()
+    stamps = []
+    for created in (1_700_000_000.25, 1_700_000_000.75, 1_700_000_001.5, 1_699_999_999.0):
+        rec = record("tick")
+        rec.created, rec.msecs = created, (created - int(created)) * 1000
+        stamps.append(json.loads(formatter.format(rec))["ts"])
+    assert stamps == [
+        "2023-11-14T22:13:20.250Z",
+        "2023-11-14T22:13:20.750Z",
+        "2023-11-14T22:13:21.500Z",
+        "2023-11-14T22:13:19.000Z",
+    ]
+
+
+@pytest.mark.usefixtures("loggers")
+def test_log_fields_writes_the_line_logger_info_writes(tmp_path: Path) -> None:
+    path = tmp_path / "gw.log"
+    setup_logging(LoggingConfig.model_validate({"output": str(path)}), ["hunter2-secret"], "c")
+    logger = logging.getLogger("tokengate.access")
+    fields: dict[str, object] = {"key": "bo", "attempts": [{"model": "hunter2-secret"}]}
+    logger.info("request", extra={"fields": fields})
+    log_fields(logger, "request", fields)
+    for handler in logging.getLogger("tokengate").handlers:
+        handler.flush()
+    first, second = (json.loads(line) for line in path.read_text().splitlines())
+    del first["ts"], second["ts"]
+    assert first == second
+    assert second["attempts"] == [{"model": "***"}] and second["logger"] == "tokengate.access"

@@ -23,7 +23,13 @@ chat_stream = 2000000
 
 def test_the_shipped_budgets_cover_every_scenario() -> None:
     budgets = guard.load_budgets(guard.BUDGETS.read_text())
-    expected = {"chat_json", "chat_stream", "chat_stream_event", "chat_json_redis"}
+    expected = {
+        "chat_json",
+        "chat_stream",
+        "chat_stream_event",
+        "chat_json_redis",
+        "chat_json_info",
+    }
     assert expected | {"responses_stream"} == set(budgets)
     assert all(v > 0 for v in budgets.values())
 
