@@ -46,12 +46,14 @@ class Redactor(logging.Filter):
 
     def clean(self, text: str) -> bool:
         """Whether `scrub` would leave `text` as it is. Every match of the key shapes
-        holds one of `_SHAPE_WORDS` (any case), and looking for those costs a tenth of
-        the pattern's case-blind search, which runs only when one is there."""
+        holds one of `_SHAPE_WORDS` in some case, and looking for those costs a tenth of
+        the pattern's case-blind search, which runs only when one is there. `casefold`,
+        not `lower`: the pattern's IGNORECASE also takes the long s (U+017F) for `s` and
+        the Kelvin sign for `k`, and only `casefold` maps them so."""
         if any(secret in text for secret in self.secrets):
             return False
-        lowered = text.lower()
-        if not any(word in lowered for word in _SHAPE_WORDS):
+        folded = text.casefold()
+        if not any(word in folded for word in _SHAPE_WORDS):
             return True
         return _TOKEN_SHAPES.search(text) is None
 
@@ -133,8 +135,8 @@ class JsonFormatter(logging.Formatter):
 def log_fields(logger: logging.Logger, msg: str, fields: dict[str, object]) -> None:
     """`logger.info(msg, extra={"fields": fields})` for a caller that checked
     `isEnabledFor(INFO)`, without `Logger.findCaller`'s walk up the stack: it finds the
-    record's file and line, which no line of ours prints, and was a tenth of what an
-    access line cost (deploy/BENCHMARKS.md, issue #32's seventh pass)."""
+    record's file and line, which no line of ours prints, and was 7 % of what an access
+    line cost under cProfile (deploy/BENCHMARKS.md, issue #32's seventh pass)."""
     record = logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0, msg, (), None)
     record.fields = fields
     logger.handle(record)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from app.config.problems import ConfigError
@@ -140,10 +140,16 @@ def test_an_upstream_urls_credentials_are_registered_with_the_redactor() -> None
     assert scrubbed == "probe of http://***@10.0.0.1:9/v1/models failed"
 
 
-_PIECES = ["sk-", "SK-", "tg-", "Tk-", "bearer ", "BEARER\t", "abcdef12", "upstream-secret-42"]
+# Key shapes in several cases, the long s and the Kelvin sign (IGNORECASE takes them for `s`
+# and `k`), a registered secret, and text around them.
+_PIECES = ["sk-", "SK-", "\u017fk-", "s\u212a-", "tg-", "Tk-", "bearer ", "BEARER\t", "abcdef12"]
+_PIECES += ["upstream-secret-42"]
 
 
 @given(st.lists(st.sampled_from([*_PIECES, "x", " ", "-", "_", "\x00", "é"]), max_size=12))
+@example(["\u017fk-", "abcdef12"])
+@example(["s\u212a-", "abcdef12"])
+@example(["BEARER\t", "abcdef12"])
 def test_the_one_pass_check_agrees_with_scrubbing(parts: list[str]) -> None:
     """`clean` is what lets a clean record skip value-by-value scrubbing: it must say
     clean exactly when scrubbing would change nothing (key shapes in any case)."""
