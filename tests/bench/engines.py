@@ -77,7 +77,7 @@ def tokengate_granian(group: Group, workdir: Path, upstream: str) -> subjects.Su
     workdir.mkdir(parents=True, exist_ok=True)
     env = _gateway_env(workdir, upstream)
     if subjects.BUILD:
-        env["TOKENGATE_BENCH_BUILD"] = subjects.BUILD
+        env["BENCH_BUILD"] = subjects.BUILD
     port = free_port()
     proc = group.start(
         "tokengate-granian", _granian("tests.bench.granian_app:app", port, True), env=env
